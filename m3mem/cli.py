@@ -80,7 +80,7 @@ def _setup_logging(args) -> None:
     level = logging.DEBUG if args.verbose else logging.ERROR if args.quiet or args.json else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     # model libraries are chatty at import time; keep them to warnings
-    for noisy in ("sentence_transformers", "transformers", "urllib3", "httpx", "filelock"):
+    for noisy in ("sentence_transformers", "transformers", "urllib3", "httpx", "filelock", "faiss.loader"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 

@@ -28,6 +28,12 @@ class Answer:
         return {"answer": self.answer, "citations": self.citations, "rounds": self.rounds}
 
 
+def _seq(item) -> int:
+    _, line, hit = item
+    node_id = hit.node_ids[hit.lines.index(line)]
+    return int(node_id.rpartition("_")[2])
+
+
 def cite(hit: ClipHit) -> dict:
     return {"video": hit.video, "path": hit.video_path, "start": round(hit.start_s, 3), "end": round(hit.end_s, 3)}
 
@@ -50,6 +56,9 @@ def answer_lite(store, embedder, question: str, top_k: int = 5, before_s: float 
         return Answer(NOTHING_FOUND, [], rounds)
     best = scored[0][0]
     chosen = [x for x in scored if x[0] >= best - margin][:max_lines]
+    # read in the order things happened: clip by clip, then line by line
+    order = {h.clip_id: (h.video, h.start_s) for h in hits}
+    chosen.sort(key=lambda x: (order[x[2].clip_id], _seq(x)))
     text = " ".join(line for _, line, _ in chosen)
     citations, seen = [], set()
     for _, _, hit in chosen:

@@ -53,6 +53,9 @@ def character_map(store) -> dict[str, str]:
 def translate(text: str, mapping: dict[str, str]) -> str:
     """Replace whole ``<kind_N>`` tags only, so ``face_1`` never rewrites ``face_10``."""
 
+    if text.lower().startswith("equivalence"):
+        return text  # translated, it would read "<character_1>, <character_1>"
+
     def sub(m: re.Match) -> str:
         label = mapping.get(m.group(1))
         if label is None:
