@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from m3mem.config import Config, load_config
-from m3mem.errors import M3memError
+from m3mem.errors import InputError, M3memError
 
 log = logging.getLogger("m3mem")
 
@@ -48,7 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--before", type=float, help="only memory from clips that end by this time (seconds)")
     _common(p)
 
-    p = sub.add_parser("people", help="the people in memory and when they appear")
+    p = sub.add_parser("people", help="the people in memory and when they appear; rename, merge or split them",
+                       description="m3mem people [rename PERSON NAME | merge PERSON OTHER | split PERSON FACE_OR_VOICE...]")
+    p.add_argument("action", nargs="?", choices=["list", "rename", "merge", "split"], default="list")
+    p.add_argument("args", nargs="*", help="PERSON is a character id, a face/voice id or a name")
     _common(p)
 
     p = sub.add_parser("demo", help="ingest the bundled sample and answer a question about it")
@@ -163,8 +166,22 @@ def _print_answer(answer) -> None:
 
 
 def cmd_people(args, cfg: Config) -> int:
+    from m3mem import people as people_edit
     from m3mem.memory import Memory
 
+    if args.action != "list":
+        need = {"rename": 2, "merge": 2, "split": 2}[args.action]
+        if len(args.args) < need:
+            raise InputError(f"people {args.action} needs at least {need} arguments; see m3mem people --help")
+        with Memory(args.store, cfg) as mem:
+            if args.action == "rename":
+                cid = people_edit.rename(mem.store, args.args[0], " ".join(args.args[1:]))
+            elif args.action == "merge":
+                cid = people_edit.merge(mem.store, args.args[0], args.args[1])
+            else:
+                cid = people_edit.split(mem.store, args.args[0], args.args[1:])
+        print(json.dumps({"action": args.action, "id": cid}) if args.json else f"{args.action}: {cid}")
+        return 0
     with Memory(args.store, cfg, read_only=True) as mem:
         people = mem.people()
     if args.json:

@@ -155,8 +155,10 @@ def _repeated_fact(store, text: str, vec: np.ndarray, entities: Sequence[str], d
 def refresh_characters(store) -> dict[str, str]:
     """Rebuild characters from faces, voices, equivalences and conflicts; ids stay stable."""
     entities = store.nodes_of_kind("face") + store.nodes_of_kind("voice")
-    equivalences = [(s, d, w) for s, d, _, w in store.edges("equivalence")]
-    conflicts = [(s, d) for s, d, _, _ in store.edges("conflict")]
+    # a person's own edits come first and outweigh anything the models said
+    forced = [(s, d, float("inf")) for s, d, _, _ in store.edges("same_person")]
+    equivalences = forced + [(s, d, w) for s, d, _, w in store.edges("equivalence")]
+    conflicts = [(s, d) for s, d, _, _ in store.edges("conflict") + store.edges("not_same_person")]
     groups, refused = group_entities(entities, equivalences, conflicts)
     previous = {src: dst for src, dst, _, _ in store.edges("member")}
     next_number = int(store.get_meta("next_character", "1"))

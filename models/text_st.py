@@ -35,6 +35,9 @@ class SentenceTransformerEmbedder:
             )
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a per-load bar on stderr is noise in a CLI
 
         self._model = SentenceTransformer(str(folder), device=device, local_files_only=True)
         dim_of = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
