@@ -119,7 +119,10 @@ def probe(path: str | os.PathLike) -> VideoInfo:
     if duration <= 0:
         duration = max((_float(s.get("duration")) for s in video + audio), default=0.0)
     if duration <= 0:
-        raise InputError(f"{p} has zero or unknown duration; it holds no playable video or audio")
+        raise InputError(
+            f"{p} has zero or unknown duration (a still image or an empty stream?); "
+            "m3mem needs video or audio that plays for some time"
+        )
     fps = 0.0
     width = height = 0
     if video:
@@ -234,8 +237,9 @@ class FrameReader:
     def frame_indices(self, times) -> np.ndarray:
         """The frame on screen at each time: the last frame that starts at or before it."""
         t = np.asarray(times, dtype=np.float64)
-        # 1 us of slack: a time computed as exactly a frame's start must not fall to the previous frame
-        idx = np.searchsorted(self.starts_s, t + 1e-6, side="right") - 1
+        # 0.1 ms of slack: decord keeps timestamps as float32, so a time that is exactly a
+        # frame's start may read as just before it
+        idx = np.searchsorted(self.starts_s, t + 1e-4, side="right") - 1
         return np.clip(idx, 0, len(self.starts_s) - 1)
 
     def frames_at(self, times, max_side_px: int | None = None) -> np.ndarray:
@@ -335,9 +339,12 @@ class AudioTrack:
             _, err = (
                 ffmpeg.input(os.path.abspath(path))
                 # first_pts=0 pads a late-starting audio stream with silence, and async
-                # fills timestamp gaps, so that sample i is at time i / sr on the file's timeline
+                # fills timestamp gaps, so that sample i is at time i / sr on the file's
+                # timeline. rematrix_maxval=1 makes the downmix an average: ffmpeg's default
+                # keeps each stereo channel at -3 dB, so a loud stereo track would exceed 1.0.
                 .output(raw, format="f32le", acodec="pcm_f32le", ac=1, ar=SAMPLE_RATE,
-                        af="aresample=async=1:first_pts=0", vn=None, sn=None, dn=None)
+                        af=f"aresample=async=1:first_pts=0:rematrix_maxval=1:ocl=mono:osr={SAMPLE_RATE}:osf=flt",
+                        vn=None, sn=None, dn=None)
                 .global_args("-nostdin", "-v", "error")
                 .overwrite_output()
                 .run(capture_stdout=True, capture_stderr=True)
