@@ -1,0 +1,1 @@
+"""Test helpers: a loopback OpenAI-compatible server and small model builders."""
