@@ -57,7 +57,7 @@ class DlibFaceModel:
             img = np.ascontiguousarray(frame, dtype=np.uint8)
             h, w = img.shape[:2]
             # HOG finds faces of 80 px and up; upsampling small frames finds 40 px faces
-            upsample = 1 if min(h, w) < 600 else 0
+            upsample = 1 if min(h, w) < 400 else 0
             rects, scores, _ = self._detector.run(img, upsample, 0.0)
             if not rects:
                 continue

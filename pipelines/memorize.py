@@ -59,10 +59,15 @@ def memorize_lite(perception: ClipPerception, identity: dict, frame_step_s: floa
         who = f"<{voices[i]}>" if i in voices else "Someone"
         episodic.append(f'{who} says at {fmt_time(seg.start_s)}: "{seg.text}"')
 
-    if len(perception.faces) > 1:
-        ids = [f"<{faces[t.local_id]}>" for t in perception.faces if t.local_id in faces]
-        if len(ids) > 1:
-            episodic.append(f"{', '.join(ids[:-1])} and {ids[-1]} appear in the same scene.")
+    tracks = [t for t in perception.faces if t.local_id in faces]
+    for i, a in enumerate(tracks):
+        for b in tracks[i + 1:]:
+            together = sorted(set(a.times_s) & set(b.times_s))
+            if together:  # seen in one frame, not merely in one clip
+                episodic.append(
+                    f"<{faces[a.local_id]}> and <{faces[b.local_id]}> are seen together from "
+                    f"{fmt_time(together[0] - frame_step_s / 2)} to {fmt_time(together[-1] + frame_step_s / 2)}."
+                )
 
     for face_id, voice_id in sorted(equivalences(perception, faces, voices, frame_step_s)):
         semantic.append(f"Equivalence: <{face_id}>, <{voice_id}>")
