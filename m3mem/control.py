@@ -67,3 +67,70 @@ def answer_lite(store, embedder, question: str, top_k: int = 5, before_s: float 
             citations.append(cite(hit))
     rounds.append({"round": 2, "action": "answer", "output": text})
     return Answer(text, citations, rounds)
+
+
+def _label(hit: ClipHit) -> str:
+    return f"{hit.video} {hit.start_s:.0f}-{hit.end_s:.0f}s"
+
+
+def answer_with_model(store, embedder, question: str, config, before_s: float | None = None,
+                      chat=None) -> Answer:
+    """Multi-round retrieval driven by a control model: ``[Search]`` until it ``[Answer]``s.
+
+    Each search returns only clips not returned before; a repeated or fruitless
+    search gets a hint instead. A reply in neither format is asked again once;
+    the last round must answer. Citations are the clips the searches returned,
+    best first.
+    """
+    from m3mem.parse import ParseError, parse_action
+    from m3mem.prompts import control
+    from m3mem.retrieval import character_map, translate
+
+    if chat is None:
+        from models.registry import load_chat_model
+
+        chat = load_chat_model(config.control_model, config.device)
+    max_rounds = config.max_rounds
+    searches: list[dict] = []  # what the model has seen: {"query", "results"}
+    rounds: list[dict] = []
+    returned: dict[int, ClipHit] = {}
+    seen_queries: set[str] = set()
+    answer_text = None
+    for r in range(max_rounds):
+        final = r == max_rounds - 1
+        messages = control(question, searches, r, max_rounds, final=final)
+        reply = chat.chat(messages)
+        try:
+            action, content = parse_action(reply)
+        except ParseError as e:
+            log.warning("control reply not in the [Search]/[Answer] format, asking again: %s", e)
+            reply = chat.chat(messages)
+            try:
+                action, content = parse_action(reply)
+            except ParseError:
+                # keep what the model said rather than failing the question
+                action, content = ("answer", reply.strip()) if final else ("search", question)
+        if final and action != "answer":
+            action, content = "answer", content
+        if action == "answer":
+            answer_text = content
+            rounds.append({"round": r + 1, "action": "answer", "output": reply})
+            break
+        key = " ".join(content.lower().split())
+        if key in seen_queries:
+            hits, results = [], {"hint": ["This search was already made; search for something different."]}
+        else:
+            seen_queries.add(key)
+            hits = search(store, embedder, content, top_k=config.top_k, exclude_clips=set(returned), before_s=before_s)
+            results = {_label(h): list(h.lines) for h in hits} or {
+                "hint": ["Nothing new was found; try other words, a person's <character_N> id, or answer."]
+            }
+        for h in hits:
+            returned[h.clip_id] = h
+        searches.append({"query": content, "results": results})
+        rounds.append({"round": r + 1, "action": "search", "query": content,
+                       "clips": [h.to_json() for h in hits], "output": reply})
+    mapping = character_map(store)
+    answer_text = translate(answer_text or "", mapping)
+    best = sorted(returned.values(), key=lambda h: -h.score)[:config.top_k]
+    return Answer(answer_text, [cite(h) for h in best], rounds)

@@ -102,3 +102,45 @@ def equivalences(perception: ClipPerception, faces: dict[int, str], voices: dict
         if seen >= 0.5 * len(samples) and local_id in faces:
             out.add((faces[local_id], voices[i]))
     return out
+
+
+def memorize_with_model(chat, perception: ClipPerception, identity: dict, frames, fps: float,
+                        audio=None, sr: int = 16000, retries: int = 2) -> ClipMemory:
+    """Ask a memorization model (M3-Agent's input layout) and validate its reply.
+
+    A reply that is not valid JSON, or that names ids the clip did not introduce,
+    is asked again up to ``retries`` times; then the clip fails with the reason,
+    and ``m3mem ingest --retry-failed`` takes it again later.
+    """
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from m3mem.errors import ModelError
+    from m3mem.parse import ParseError, parse_memory
+    from m3mem.prompts import memorization, memorization_ids
+
+    faces = {int(k): v for k, v in identity.get("faces", {}).items()}
+    voices = {int(k): v for k, v in identity.get("voices", {}).items()}
+    crops = {}
+    for track in perception.faces:
+        if track.local_id in faces and track.crop_jpeg:
+            crops[faces[track.local_id]] = np.asarray(Image.open(io.BytesIO(track.crop_jpeg)).convert("RGB"))
+    utterances: dict[str, list[dict]] = {}
+    for i, seg in enumerate(perception.speech):
+        if i in voices:
+            utterances.setdefault(voices[i], []).append({"start_s": seg.start_s, "end_s": seg.end_s, "text": seg.text})
+    clip = perception.clip
+    messages = memorization(frames, fps, crops, utterances, clip.start_s, clip.end_s, audio=audio, sr=sr)
+    known = memorization_ids(crops, utterances)
+    problem: Exception | None = None
+    for attempt in range(retries + 1):
+        reply = chat.chat(messages)
+        try:
+            return parse_memory(reply, known)
+        except ParseError as e:
+            problem = e
+            log.warning("clip %s@%.0fs: memorization reply unusable (try %d of %d): %s",
+                        clip.video_id, clip.start_s, attempt + 1, retries + 1, e)
+    raise ModelError(f"the memorization model gave no usable reply in {retries + 1} tries; last problem: {problem}")
