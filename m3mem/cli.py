@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="print the effective configuration")
     _common(p, store=False)
+
+    from m3mem.eval import add_parser as add_eval_parser
+
+    add_eval_parser(sub, _common)
     return parser
 
 
@@ -239,9 +243,15 @@ def cmd_config(args, cfg: Config) -> int:
     return 0
 
 
+def cmd_eval(args, cfg: Config) -> int:
+    from m3mem.eval import run_command
+
+    return run_command(args, cfg, progress=_progress(not (args.quiet or args.json)))
+
+
 COMMANDS = {
     "ingest": cmd_ingest, "search": cmd_search, "ask": cmd_ask, "people": cmd_people,
-    "demo": cmd_demo, "config": cmd_config,
+    "demo": cmd_demo, "config": cmd_config, "eval": cmd_eval,
 }
 
 
