@@ -165,17 +165,26 @@ def _decord_reason(e: Exception) -> str:
     return re.sub(r"^\[[\d:]+\]\s*\S+:\d+:\s*", "", text)
 
 
-class FrameReader:
-    """Frames of a video at given times, decoded by seeking (decord).
+# Containers whose demuxers keep a per-frame index, where decord seeks exactly (each
+# checked frame by frame in the tests). MPEG program/transport streams (.mpg, .ts,
+# .m2ts, .vob) and Ogg have no index: decord lands up to half a second off there
+# (measured on the GRID .mpg files), so those are decoded by ffmpeg in one pass.
+_INDEXED_FORMATS = {"mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", "avi", "flv"}
+_SEEK_MARGIN_S = 1.0  # the ffmpeg pass seeks this far before the first time asked
+_SLACK_S = 1e-4
 
-    Times map to frames through each frame's own presentation timestamp, so a
-    variable-frame-rate file gives the frame that is on screen at that time.
-    Not thread-safe: one reader per thread.
+
+class FrameReader:
+    """Frames of a video at given times, on the file's timeline.
+
+    A time maps to the frame on screen then (the last frame that starts at or before
+    it) through each frame's own presentation timestamp, so variable frame rate is
+    handled. Indexed containers (mp4, mov, mkv, webm, avi, flv) are read by seeking
+    with decord; others by one ffmpeg decoding pass per ``frames_at`` call.
+    ``backend`` forces one ("decord" or "ffmpeg"). Not thread-safe: one reader per thread.
     """
 
-    def __init__(self, path: str | os.PathLike, num_threads: int = 0):
-        import decord
-
+    def __init__(self, path: str | os.PathLike, backend: str = "auto"):
         self.path = str(path)
         meta = _ffprobe(self.path)
         streams = _video_streams(meta)
@@ -186,12 +195,33 @@ class FrameReader:
         if _rotation_deg(v) in (90, 270):
             width, height = height, width
         self.width, self.height = width, height
-        # decord counts time from the video stream's start; the file's timeline starts
-        # at its earliest stream (often the audio)
-        fmt_start = _float(meta.get("format", {}).get("start_time"))
-        offset_s = max(0.0, _float(v.get("start_time")) - fmt_start) if "start_time" in v else 0.0
+        self._fmt_start_s = _float(meta.get("format", {}).get("start_time"))
+        # a stream may start after the file does (video after audio): its own clock
+        # starts at its first frame, the timeline at the earliest stream
+        offset_s = max(0.0, _float(v.get("start_time")) - self._fmt_start_s) if "start_time" in v else 0.0
+        fps = _rate(v.get("avg_frame_rate")) or _rate(v.get("r_frame_rate")) or 25.0
+        if backend == "auto":
+            backend = "decord" if meta.get("format", {}).get("format_name") in _INDEXED_FORMATS else "ffmpeg"
+        if backend not in ("decord", "ffmpeg"):
+            raise ConfigError(f"unknown frame backend {backend!r}; use 'auto', 'decord' or 'ffmpeg'")
+        self.backend = backend
+        self._vr = None
+        self._closed = False
+        # frame_starts_s: each frame's start on the timeline (decord only: the ffmpeg
+        # pass learns the times as it decodes)
+        self.frame_starts_s: np.ndarray | None = None
+        if backend == "decord":
+            self._open_decord(offset_s, fps)
+        else:
+            self.start_s = offset_s
+            stream_dur = _float(v.get("duration"))
+            self.end_s = offset_s + stream_dur if stream_dur > 0 else _float(meta.get("format", {}).get("duration"))
+
+    def _open_decord(self, offset_s: float, fps: float) -> None:
+        import decord
+
         try:
-            self._vr = decord.VideoReader(os.path.abspath(self.path), ctx=decord.cpu(0), num_threads=num_threads)
+            self._vr = decord.VideoReader(os.path.abspath(self.path), ctx=decord.cpu(0))
             ts = np.asarray(self._vr.get_frame_timestamp(range(len(self._vr))), dtype=np.float64)
         except (decord.DECORDError, RuntimeError) as e:
             raise InputError(
@@ -199,11 +229,11 @@ class FrameReader:
             ) from e
         if len(ts) == 0:
             raise InputError(f"{self.path}: the video stream has no frames")
-        self.starts_s = ts[:, 0] + offset_s
-        # a packet without a duration ends where it starts; give the last frame one
-        # typical frame interval so that it is on screen for a while
-        step = float(np.median(np.diff(self.starts_s))) if len(ts) > 1 else 1.0 / (_rate(v.get("avg_frame_rate")) or 25.0)
-        self.end_s = max(float(ts[-1, 1]) + offset_s, float(self.starts_s[-1]) + step)
+        self.frame_starts_s = ts[:, 0] + offset_s
+        self.start_s = float(self.frame_starts_s[0])
+        # a packet without a duration ends where it starts: give the last frame one
+        # frame interval on screen
+        self.end_s = max(float(ts[-1, 1]) + offset_s, float(self.frame_starts_s[-1]) + 1.0 / fps)
 
     def __enter__(self) -> "FrameReader":
         return self
@@ -213,9 +243,7 @@ class FrameReader:
 
     def close(self) -> None:
         self._vr = None
-
-    def __len__(self) -> int:
-        return len(self.starts_s)
+        self._closed = True
 
     def sample_times(self, clip: Clip, fps: float) -> list[float]:
         """Times ``start_s + (k + 0.5) / fps`` inside the clip where the video has frames.
@@ -226,7 +254,7 @@ class FrameReader:
         """
         if not (math.isfinite(fps) and fps > 0):
             raise ConfigError(f"frame sampling rate must be positive, got {fps!r}")
-        lo = max(clip.start_s, float(self.starts_s[0]))
+        lo = max(clip.start_s, self.start_s)
         hi = min(clip.end_s, self.end_s)
         if hi <= lo:
             return []
@@ -234,39 +262,22 @@ class FrameReader:
         times = [clip.start_s + (k + 0.5) / fps for k in range(n)]
         return [t for t in times if lo <= t < hi] or [(lo + hi) / 2]
 
-    def frame_indices(self, times) -> np.ndarray:
-        """The frame on screen at each time: the last frame that starts at or before it."""
-        t = np.asarray(times, dtype=np.float64)
-        # 0.1 ms of slack: decord keeps timestamps as float32, so a time that is exactly a
-        # frame's start may read as just before it
-        idx = np.searchsorted(self.starts_s, t + 1e-4, side="right") - 1
-        return np.clip(idx, 0, len(self.starts_s) - 1)
-
     def frames_at(self, times, max_side_px: int | None = None) -> np.ndarray:
-        """Frames on screen at ``times`` (seconds): (n, H, W, 3) uint8 RGB.
+        """Frames on screen at ``times`` (seconds): (n, H, W, 3) uint8 RGB, in the order asked.
 
         With ``max_side_px`` the frames are downscaled, aspect kept, so that the
         longer side is at most that many pixels (never upscaled).
         """
-        import decord
-
-        if self._vr is None:
+        if self._closed:
             raise ValueError(f"FrameReader for {self.path} is closed")
-        times = [float(t) for t in times]
+        times = np.asarray([float(t) for t in times], dtype=np.float64)
         h, w = _fit(self.height, self.width, max_side_px)
-        if not times:
+        if len(times) == 0:
             return np.zeros((0, h, w, 3), dtype=np.uint8)
-        # decode each distinct frame once, in file order (seeking forward is cheap)
-        unique, inverse = np.unique(self.frame_indices(times), return_inverse=True)
-        try:
-            frames = self._vr.get_batch(unique.tolist()).asnumpy()
-        except (decord.DECORDError, RuntimeError) as e:
-            bad = self._first_bad_time(times)
-            raise InputError(
-                f"{self.path}: cannot decode the frame at {bad:.3f} s ({_decord_reason(e)}); "
-                "the file may be damaged or truncated"
-            ) from e
-        if max_side_px and (h, w) != frames.shape[1:3]:
+        # each distinct time once, in file order: seeking and decoding only go forward
+        unique, inverse = np.unique(times, return_inverse=True)
+        frames = self._decord_frames(unique) if self.backend == "decord" else self._ffmpeg_frames(unique)
+        if (h, w) != frames.shape[1:3]:
             from PIL import Image
 
             frames = np.stack([
@@ -274,15 +285,110 @@ class FrameReader:
             ])
         return frames[inverse.reshape(-1)]
 
-    def _first_bad_time(self, times: list[float]) -> float:
+    def _decord_frames(self, times: np.ndarray) -> np.ndarray:
         import decord
 
-        for t in sorted(times):
-            try:
-                self._vr.get_batch([int(self.frame_indices([t])[0])])
-            except (decord.DECORDError, RuntimeError):
-                return t
-        return min(times)
+        # decord keeps timestamps as float32: a time that is exactly a frame's start
+        # may read as just before it, hence the slack
+        idx = np.searchsorted(self.frame_starts_s, times + _SLACK_S, side="right") - 1
+        idx = np.clip(idx, 0, len(self.frame_starts_s) - 1)
+        try:
+            return self._vr.get_batch(idx.tolist()).asnumpy()
+        except (decord.DECORDError, RuntimeError) as e:
+            bad = float(times[0])
+            for t, i in zip(times, idx):  # find the first frame that fails, to name its time
+                try:
+                    self._vr.get_batch([int(i)])
+                except (decord.DECORDError, RuntimeError):
+                    bad = float(t)
+                    break
+            raise InputError(
+                f"{self.path}: cannot decode the frame at {bad:.3f} s ({_decord_reason(e)}); "
+                "the file may be damaged or truncated"
+            ) from e
+
+    def _ffmpeg_frames(self, times: np.ndarray) -> np.ndarray:
+        seek_s = max(0.0, float(times[0]) - _SEEK_MARGIN_S)
+        frames, k, early, reason = self._ffmpeg_pass(times, seek_s)
+        if early and seek_s > 0:
+            # the demuxer's seek landed after the frame on screen at the first time: no
+            # index to trust, so decode from the start
+            frames, k, early, reason = self._ffmpeg_pass(times, 0.0)
+        if k < len(times):
+            raise InputError(
+                f"{self.path}: cannot decode the frame at {times[k]:.3f} s ({reason}); "
+                "the file may be damaged or truncated"
+            )
+        return np.stack(frames)
+
+    def _ffmpeg_pass(self, times: np.ndarray, seek_s: float) -> tuple[list, int, bool, str]:
+        """One decoding pass from ``seek_s``: frames stream through a pipe, their timestamps
+        through ffmpeg's showinfo log, and only the frames on screen at ``times`` are kept.
+
+        Returns the frames, how many times were answered, whether the first frame decoded
+        starts after the first time (the seek went too far), and ffmpeg's error lines.
+        """
+        import queue
+        import threading
+
+        cmd = [
+            "ffmpeg", "-nostdin", "-hide_banner", "-nostats", "-loglevel", "info",
+            # -noaccurate_seek: keep the frames between the keyframe and seek_s, one of them
+            # may be on screen at the first time; -copyts: keep the stream's own timestamps
+            "-noaccurate_seek", "-ss", f"{seek_s:.6f}", "-copyts", "-i", os.path.abspath(self.path),
+            "-map", "0:v:0", "-vf", "showinfo", "-vsync", "passthrough",
+            "-an", "-sn", "-dn", "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1",
+        ]
+        frame_bytes = self.width * self.height * 3
+        starts: queue.Queue = queue.Queue()
+        errors: list[str] = []
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except FileNotFoundError as e:
+            raise M3memError("ffmpeg was not found on PATH; install ffmpeg (e.g. apt-get install ffmpeg)") from e
+
+        def read_log() -> None:
+            for raw in proc.stderr:
+                line = raw.decode("utf-8", "replace")
+                m = re.search(r"Parsed_showinfo.*\bn:\s*\d+\s+pts:\s*\S+\s+pts_time:\s*(\S+)", line)
+                if m:
+                    starts.put(_float(m.group(1)) - self._fmt_start_s)
+                elif "error" in line.lower() or "invalid" in line.lower():
+                    errors.append(re.sub(r"^\[[^\]]*@ 0x[0-9a-f]+\]\s*", "", line.strip()))
+            starts.put(None)
+
+        log_reader = threading.Thread(target=read_log, daemon=True)
+        log_reader.start()
+        out: list[np.ndarray] = []
+        early = False
+        prev = None
+        try:
+            while len(out) < len(times):
+                buf = proc.stdout.read(frame_bytes)
+                if len(buf) < frame_bytes:
+                    break
+                # showinfo logs a frame before the frame is written, so its line is due
+                start = starts.get(timeout=60)
+                if start is None:
+                    break
+                frame = np.frombuffer(buf, dtype=np.uint8).reshape(self.height, self.width, 3)
+                while len(out) < len(times) and times[len(out)] + _SLACK_S < start:
+                    # this frame starts after the time: the previous frame was on screen
+                    if prev is None:
+                        early = True  # before the first frame decoded: show that one
+                    out.append(prev if prev is not None else frame)
+                prev = frame
+            while len(out) < len(times) and prev is not None:
+                out.append(prev)  # past the last frame, it stays on screen
+        except queue.Empty:
+            pass
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            log_reader.join(timeout=5)
+        reason = "; ".join(dict.fromkeys(errors))[:300] or "no frame decoded"
+        return out, len(out), early, reason
 
 
 def _fit(height: int, width: int, max_side_px: int | None) -> tuple[int, int]:

@@ -42,7 +42,7 @@ def numbered_video(out: Path, seconds: float, keep: str | None = None, size: str
     is an ffmpeg select expression that drops frames to make variable frame rate."""
     vf = NUMBERED + (f",select='{keep}'" if keep else "")
     ffmpeg("-f", "lavfi", "-i", f"color=c=black:s={size}:r={FPS}:d={seconds}", "-vf", vf,
-           *(("-fps_mode", "vfr") if keep else ()), *extra,
+           *(("-vsync", "vfr") if keep else ()), *extra,
            "-c:v", "libx264", "-g", "50", "-bf", "2", "-pix_fmt", "yuv420p", str(out))
     return out
 
@@ -132,10 +132,46 @@ def test_generated_10_second_video_is_one_clip(numbered, media):
 def test_frames_at_given_times_are_the_frames_on_screen_then(numbered):
     times = [0.01, 1.5, 2.0, 3.99, 7.33, 11.98]  # 2.0 is a keyframe, 3.99 the frame before one
     with FrameReader(numbered) as reader:
-        assert len(reader) == 12 * FPS
+        assert reader.backend == "decord" and len(reader.frame_starts_s) == 12 * FPS
         frames = reader.frames_at(times)
     assert frames.dtype == np.uint8 and frames.shape == (len(times), 48, 64, 3)
     assert [frame_number(f) for f in frames] == [math.floor(t * FPS + 1e-9) for t in times]
+
+
+@pytest.mark.parametrize(
+    "suffix, codec, backend",
+    [
+        ("mkv", "libx264", "decord"),
+        ("webm", "libvpx-vp9", "decord"),
+        ("avi", "mpeg4", "decord"),
+        # no frame index in MPEG program/transport streams: decord seeks land frames
+        # off there, so these go through ffmpeg
+        ("ts", "libx264", "ffmpeg"),
+        ("mpg", "mpeg2video", "ffmpeg"),
+    ],
+)
+def test_frames_are_exact_in_every_common_container(media, suffix, codec, backend):
+    path = media / f"numbered_{codec}.{suffix}"
+    ffmpeg("-f", "lavfi", "-i", f"color=c=black:s=64x48:r={FPS}:d=8", "-vf", NUMBERED, "-c:v", codec,
+           "-g", "50", "-q:v", "2", "-pix_fmt", "yuv420p", str(path))
+    times = [0.02, 5.33, 2.5, 7.9, 4.0]
+    with FrameReader(path) as reader:
+        assert reader.backend == backend
+        got = [frame_number(f) for f in reader.frames_at(times)]
+    assert got == [math.floor(t * FPS + 1e-9) for t in times]
+
+
+def test_the_ffmpeg_pass_agrees_with_seeking_before_between_and_after_frames(numbered):
+    times = [-1.0, 0.0, 0.03, 6.5, 6.5, 3.0, 11.99, 30.0]
+    with FrameReader(numbered, backend="ffmpeg") as slow, FrameReader(numbered) as fast:
+        a, b = slow.frames_at(times), fast.frames_at(times)
+    assert [frame_number(f) for f in a] == [0, 0, 0, 162, 162, 75, 299, 299]
+    assert np.array_equal(a, b)
+
+
+def test_unknown_frame_backend_is_a_config_error(numbered):
+    with pytest.raises(ConfigError, match="unknown frame backend"):
+        FrameReader(numbered, backend="opencv")
 
 
 def test_frames_come_back_in_the_order_asked_with_repeats(numbered):
@@ -174,8 +210,10 @@ def test_variable_frame_rate_maps_times_through_frame_timestamps(media):
     kept = sorted(set(range(100)) | set(range(100, 200, 10)) | set(range(200, 300)))
     times = [0.5, 3.9, 4.05, 5.3, 7.95, 8.02, 10.0, 11.5]
     with FrameReader(path) as reader:
-        assert len(reader) == len(kept)
+        assert len(reader.frame_starts_s) == len(kept)
         got = [frame_number(f) for f in reader.frames_at(times)]
+    with FrameReader(path, backend="ffmpeg") as reader:
+        assert [frame_number(f) for f in reader.frames_at(times)] == got
     on_screen = [max(n for n in kept if n <= math.floor(t * FPS + 1e-9)) for t in times]
     assert got == on_screen
     # the check has teeth: a constant-rate mapping (index = t * average fps) picks other frames
@@ -189,15 +227,16 @@ def test_a_video_that_starts_after_the_audio_is_placed_on_the_file_timeline(medi
     path = media / "late_video.mp4"
     ffmpeg("-itsoffset", "1", "-f", "lavfi", "-i", f"color=c=black:s=64x48:r={FPS}:d=4",
            "-f", "lavfi", "-i", "sine=f=440:sample_rate=16000:d=5",
-           "-vf", NUMBERED, "-fps_mode", "passthrough",  # keep the gap, do not fill it with copies
+           "-vf", NUMBERED, "-vsync", "passthrough",  # keep the gap, do not fill it with copies
            "-c:v", "libx264", "-pix_fmt", "yuv420p", "-c:a", "aac", str(path))
     info = probe(path)
-    with FrameReader(path) as reader:
-        assert reader.starts_s[0] == pytest.approx(1.0, abs=0.03)
-        frames = reader.frames_at([2.0 + 0.02, 4.5 + 0.02])
-        # no sample before the picture starts
-        assert min(reader.sample_times(Clip("v", 0, 0.0, info.duration_s), 1.0)) >= 1.0
-    assert [frame_number(f) for f in frames] == pytest.approx([25, 87], abs=1)
+    for backend in ("decord", "ffmpeg"):
+        with FrameReader(path, backend=backend) as reader:
+            assert reader.start_s == pytest.approx(1.0, abs=0.03)
+            frames = reader.frames_at([2.02, 4.5])  # mid-frame: 25.5 and 87.5 frames in
+            # no sample before the picture starts
+            assert min(reader.sample_times(Clip("v", 0, 0.0, info.duration_s), 1.0)) >= 1.0
+        assert [frame_number(f) for f in frames] == [25, 87], backend
 
 
 def test_a_clip_past_the_end_of_the_picture_gets_no_frames(media):
@@ -372,7 +411,7 @@ def test_clip_file_has_the_exact_bounds(numbered, media, tmp_path):
     assert info.has_video and info.has_audio
     assert info.duration_s == pytest.approx(3.0, abs=0.07)
     with FrameReader(out) as reader:
-        assert len(reader) == 3 * FPS
+        assert len(reader.frame_starts_s) == 3 * FPS
         first, last = reader.frames_at([0.0, 2.99])
     assert (frame_number(first), frame_number(last)) == (5 * FPS, 8 * FPS - 1)
 
