@@ -15,7 +15,8 @@ Query parameters (each also settable by environment, the query wins):
 ``timeout_s``      ``M3MEM_OPENAI_TIMEOUT_S``       seconds per request (default 300)
 ``retries``        ``M3MEM_OPENAI_RETRIES``         retries after the first try (default 4)
 ``concurrency``    ``M3MEM_OPENAI_CONCURRENCY``     requests in flight per endpoint, process-wide
-                                                    (default 8)
+                                                    (default 8; the first limit set for an
+                                                    endpoint in a process holds)
 ``audio``          ``M3MEM_OPENAI_AUDIO``           1: send audio parts as ``input_audio`` WAV;
                                                     0: drop them (default 1)
 ``max_frames``     ``M3MEM_OPENAI_MAX_FRAMES``      frames sent per video part (default 16)
