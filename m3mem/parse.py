@@ -104,11 +104,16 @@ def _literal(s: str):
         return None
 
 
-def _balanced_spans(text: str) -> Iterable[str]:
-    """Substrings starting at each '{' or '[' and ending at its matching bracket, string-aware."""
+def _balanced_spans(text: str, max_starts: int) -> Iterable[tuple[int, int]]:
+    """(start, end) of each substring from a '{' or '[' to its matching bracket, string-aware,
+    trying at most ``max_starts`` opening brackets (each try may scan the rest of the text)."""
+    starts = 0
     for start, ch in enumerate(text):
         if ch not in "{[":
             continue
+        starts += 1
+        if starts > max_starts:
+            return
         stack, quote, escaped = [], None, False
         for i in range(start, len(text)):
             c = text[i]
@@ -131,23 +136,69 @@ def _balanced_spans(text: str) -> Iterable[str]:
                 if not stack or c != stack.pop():
                     break
                 if not stack:
-                    yield text[start:i + 1]
+                    yield start, i + 1
                     break
 
 
+_DECODER = json.JSONDecoder()
+_MAX_LITERAL_STARTS = 64  # the Python-literal fallback scans from at most this many brackets
+
+
+def _json_values(text: str) -> Iterable[tuple[int, object]]:
+    """(end, value) of each JSON object or list in ``text``, outermost only, left to right.
+
+    ``raw_decode`` fails within a few characters on prose such as "[x", so this stays
+    linear in practice; brackets inside a parsed value are not looked at again.
+    """
+    i, n = 0, len(text)
+    while i < n:
+        if text[i] in "{[":
+            try:
+                value, end = _DECODER.raw_decode(text, i)
+            except json.JSONDecodeError:
+                i += 1
+                continue
+            yield end, value
+            i = end
+        else:
+            i += 1
+
+
 def extract_json(text: str):
-    """The first JSON (or Python literal) object or list in a reply, fenced or bare."""
+    """The JSON (or Python literal) object in a reply, fenced or bare; a list if there is no object.
+
+    Objects win over lists so that prose such as "[2] lists:" before the real answer is
+    not taken for it.
+    """
     body = strip_thinking(text)
-    candidates = [m.group(1) for m in _FENCE.finditer(body)] + [body]
+    candidates = [m.group(1).strip() for m in _FENCE.finditer(body)] + [body.strip()]
+    lists = []
     for cand in candidates:
-        cand = cand.strip()
         value = _literal(cand)
-        if isinstance(value, (dict, list)):
+        if isinstance(value, dict):
             return value
-        for span in _balanced_spans(cand):
-            value = _literal(span)
-            if isinstance(value, (dict, list)):
+        if isinstance(value, list):
+            lists.append(value)
+            continue
+        for _, value in _json_values(cand):
+            if isinstance(value, dict):
                 return value
+            if isinstance(value, list):
+                lists.append(value)
+    # single-quoted Python literals (M3-Agent asks for "a Python dict") are not JSON
+    for cand in candidates:
+        covered = 0
+        for start, end in _balanced_spans(cand, _MAX_LITERAL_STARTS):
+            if start < covered:
+                continue
+            value = _literal(cand[start:end])
+            if isinstance(value, dict):
+                return value
+            if isinstance(value, list):
+                lists.append(value)
+                covered = end
+    if lists:
+        return lists[0]
     raise ParseError("the reply holds no JSON object or list", _excerpt(text))
 
 
@@ -298,6 +349,9 @@ def parse_memory(text: str, known_ids: set[str], split: bool = True) -> ClipMemo
     known = {_normalize_id(k) for k in known_ids}
     episodic_raw: list[str] = []
     semantic_raw: list[str] = []
+    if (isinstance(data, list) and len(data) == 1 and isinstance(data[0], dict)
+            and any(str(k).strip().lower() in EPISODIC_KEYS + SEMANTIC_KEYS for k in data[0])):
+        data = data[0]  # the object wrapped in a list
     if isinstance(data, list):
         episodic_raw = _lines(data, "list", text)
     else:

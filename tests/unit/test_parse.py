@@ -174,3 +174,16 @@ def test_parse_action_without_action_raises():
 def test_strip_thinking_and_extract_json():
     assert strip_thinking("<think>a</think>b") == "b"
     assert extract_json("```\n[1, 2]\n```") == [1, 2]
+
+
+def test_object_wins_over_bracketed_prose_and_list_items_stay_whole():
+    reply = 'I wrote [2] lists below.\n{"episodic": ["<face_1> sits."], "semantic": []}'
+    assert parse_memory(reply, KNOWN).episodic == ("<face_1> sits.",)
+    assert extract_json('[{"text": "a"}, {"text": "b"}]') == [{"text": "a"}, {"text": "b"}]
+    assert extract_json('Here: [{"text": "a"}, {"text": "b"}] end') == [{"text": "a"}, {"text": "b"}]
+    assert parse_memory('[{"video_descriptions": ["<face_1> sits."]}]', KNOWN).episodic == ("<face_1> sits.",)
+
+
+def test_python_literal_with_an_inner_empty_list_is_read_whole():
+    reply = "Sure: {'episodic': ['<face_1> [quietly] sits.'], 'semantic': []} done"
+    assert parse_memory(reply, KNOWN).episodic == ("<face_1> [quietly] sits.",)
