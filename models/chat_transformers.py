@@ -28,6 +28,7 @@ Query options: ``max_frames`` (frames per video part, default 16), ``frame_max_p
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -88,6 +89,7 @@ def model_kind(config: dict) -> str:
         f"it loads Qwen2.5-Omni, Qwen2.5-VL and any causal language model (Qwen2, Qwen3, Llama, ...)")
 
 
+@functools.lru_cache(maxsize=1)
 def _processor_subclasses():
     """Qwen processors without a video processor, for machines without torchvision.
 
@@ -230,9 +232,14 @@ class TransformersChatModel:
 
         folder = str(self.folder)
         if self.native_video:
-            return AutoProcessor.from_pretrained(folder, local_files_only=True)
-        log.warning("torchvision is not installed: %s gets video as separate frames (install torchvision "
-                    "matching your torch for native video input)", self.folder)
+            try:
+                return AutoProcessor.from_pretrained(folder, local_files_only=True)
+            except (ImportError, RuntimeError) as e:
+                # a torchvision built for another torch fails on import, not on find_spec
+                log.warning("the video processor of %s does not load (%s)", self.folder, e)
+                self.native_video = False
+        log.warning("no usable torchvision: %s gets video as separate frames (install the torchvision "
+                    "that matches your torch for native video input)", self.folder)
         vl_cls, omni_cls = _processor_subclasses()
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         image_processor = AutoImageProcessor.from_pretrained(folder, local_files_only=True)
