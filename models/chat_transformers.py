@@ -23,7 +23,7 @@ Parts a model cannot take (images for a text-only LM, audio for Qwen2.5-VL) are
 dropped with a debug log.
 
 Query options: ``max_frames`` (frames per video part, default 16), ``frame_max_px``
-(longest side of a frame sent as an image, default 448), ``device_map`` (for example
+(longest side of a video frame, default 448), ``device_map`` (for example
 ``auto`` to spread a large model over several GPUs).
 """
 from __future__ import annotations
