@@ -310,9 +310,9 @@ class FrameReader:
     def _ffmpeg_frames(self, times: np.ndarray) -> np.ndarray:
         seek_s = max(0.0, float(times[0]) - _SEEK_MARGIN_S)
         frames, k, early, reason = self._ffmpeg_pass(times, seek_s)
-        if early and seek_s > 0:
-            # the demuxer's seek landed after the frame on screen at the first time: no
-            # index to trust, so decode from the start
+        if (early or k == 0) and seek_s > 0:
+            # the demuxer's seek landed after the frame on screen at the first time, or
+            # past the last frame: with no index to trust, decode from the start
             frames, k, early, reason = self._ffmpeg_pass(times, 0.0)
         if k < len(times):
             raise InputError(

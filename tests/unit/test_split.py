@@ -167,6 +167,9 @@ def test_the_ffmpeg_pass_agrees_with_seeking_before_between_and_after_frames(num
         a, b = slow.frames_at(times), fast.frames_at(times)
     assert [frame_number(f) for f in a] == [0, 0, 0, 162, 162, 75, 299, 299]
     assert np.array_equal(a, b)
+    with FrameReader(numbered, backend="ffmpeg") as slow:
+        # only times past the end: the seek finds nothing, the last frame is still on screen
+        assert [frame_number(f) for f in slow.frames_at([40.0, 50.0])] == [299, 299]
 
 
 def test_unknown_frame_backend_is_a_config_error(numbered):
@@ -382,6 +385,27 @@ def test_truncated_mp4_is_an_input_error(numbered, tmp_path):
     assert probe(fast_half).has_video
     with pytest.raises(InputError, match=r"fast_half\.mp4: cannot read video frames .*damaged or truncated"):
         FrameReader(fast_half)
+
+
+def test_a_frame_that_fails_to_decode_is_an_input_error_naming_file_and_time(numbered):
+    import decord
+
+    class Damaged:
+        """Decodes like the real reader until frame 150 (6 s), then fails as decord does."""
+
+        def __init__(self, vr):
+            self.vr = vr
+
+        def get_batch(self, indices):
+            if max(indices) >= 150:
+                raise decord.DECORDError("[10:00:00] /src/video/video_reader.cc:1: Error: av_read_frame failed")
+            return self.vr.get_batch(indices)
+
+    with FrameReader(numbered) as reader:
+        reader._vr = Damaged(reader._vr)
+        assert reader.frames_at([1.0, 5.9]).shape[0] == 2
+        with pytest.raises(InputError, match=r"numbered\.mp4: cannot decode the frame at 7\.500 s \(Error: av_read"):
+            reader.frames_at([1.0, 5.9, 7.5, 9.5])
 
 
 def test_file_without_video_or_audio_is_an_input_error(tmp_path):
