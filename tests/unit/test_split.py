@@ -396,6 +396,9 @@ def test_a_frame_that_fails_to_decode_is_an_input_error_naming_file_and_time(num
         def __init__(self, vr):
             self.vr = vr
 
+        def __getattr__(self, name):
+            return getattr(self.vr, name)
+
         def get_batch(self, indices):
             if max(indices) >= 150:
                 raise decord.DECORDError("[10:00:00] /src/video/video_reader.cc:1: Error: av_read_frame failed")
