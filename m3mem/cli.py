@@ -62,6 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print the effective configuration")
     _common(p, store=False)
 
+    p = sub.add_parser("serve", help="the web app: library, questions with cited clips, people, pictures")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; others need --auth)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--auth", default=os.environ.get("M3MEM_UI_AUTH"), metavar="USER:PASSWORD",
+                   help="require this login (also $M3MEM_UI_AUTH)")
+    p.add_argument("--allow", action="append", default=[], metavar="DIR",
+                   help="a server folder users may ingest from and play media from (repeatable)")
+    p.add_argument("--max-upload-mb", type=float, default=2048, help="largest upload accepted (default 2048)")
+    _common(p)
+
     from m3mem.eval import add_parser as add_eval_parser
 
     add_eval_parser(sub, _common)
@@ -249,9 +259,18 @@ def cmd_eval(args, cfg: Config) -> int:
     return run_command(args, cfg, progress=_progress(not (args.quiet or args.json)))
 
 
+def cmd_serve(args, cfg: Config) -> int:
+    from ui.app import parse_auth, serve
+
+    serve(args.store, cfg, host=args.host, port=args.port, auth=parse_auth(args.auth),
+          allowed_dirs=tuple(args.allow), max_upload_mb=args.max_upload_mb)
+    return 0
+
+
 COMMANDS = {
     "ingest": cmd_ingest, "search": cmd_search, "ask": cmd_ask, "people": cmd_people,
     "demo": cmd_demo, "config": cmd_config, "eval": cmd_eval,
+    "serve": cmd_serve,
 }
 
 
