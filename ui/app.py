@@ -262,8 +262,10 @@ class MemoryApp:
                 self._samples.pop(e, None)
             # excerpts are cut footage; drop them with the memory, they are made again when needed
             media.drop_cached_excerpts(self.store_dir)
-            return (f"forgot {report.person}: {len(report.entities)} faces and voices, {report.lines} memory lines, "
-                    f"{report.embeddings} vectors, {report.crops} face crops")
+            faces = sum(1 for e in report.entities if e.startswith("face_"))
+            return (f"forgot {report.person}: {_count(faces, 'face')}, {_count(len(report.entities) - faces, 'voice')}, "
+                    f"{_count(report.lines, 'memory line')}, {_count(report.embeddings, 'vector')}, "
+                    f"{_count(report.crops, 'face crop')}")
 
         return self._edit(run)
 
@@ -386,6 +388,10 @@ class MemoryApp:
                          video, [timeline_out, center])
             center.change(self.graph_html, center, graph_out)
         return demo
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _need(person: str | None) -> str:

@@ -81,6 +81,7 @@ def accept_upload(store_dir: Path, temp_path: str | os.PathLike, original_name: 
     while dst.exists():
         if _sha256(dst) == digest:
             src.unlink(missing_ok=True)
+            _remove_if_empty(src.parent)
             return dst
         n += 1
         stem, suffix = os.path.splitext(name)
@@ -88,7 +89,16 @@ def accept_upload(store_dir: Path, temp_path: str | os.PathLike, original_name: 
     if dst.resolve().parent != folder:
         raise InputError(f"{original_name}: cannot store an upload outside {folder}")
     shutil.move(str(src), dst)
+    _remove_if_empty(src.parent)
     return dst
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Gradio gives each upload a folder of its own; drop it once the file has moved out."""
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # not empty, or not ours to remove
 
 
 def _sha256(path: Path) -> str:

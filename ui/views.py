@@ -188,7 +188,7 @@ def people(cards: list[dict]) -> str:
         )
         voices = "".join(
             f'<div data-voice="{escape(vid)}">{escape(vid)} <span class="m3-muted">{escape(where)}</span><br>'
-            + (f'<audio controls preload="none" src="{data_url("audio/wav", wav)}"></audio>' if wav else "")
+            + (f'<audio controls preload="metadata" src="{data_url("audio/wav", wav)}"></audio>' if wav else "")
             + "</div>"
             for vid, wav, where in p["voices"]
         )

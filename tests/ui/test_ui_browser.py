@@ -45,46 +45,52 @@ def shots() -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, shared_data, shots):
-    """``m3mem serve`` on a free loopback port, 5-second clips so that a cited clip can start later than 0."""
-    pytest.importorskip("gradio")
-    if shutil.which("ffmpeg") is None:
-        pytest.skip("ffmpeg is not installed")
-    store = tmp_path_factory.mktemp("ui") / "store"
+def _start(store: Path, extra: list[str], log_path: Path) -> tuple[subprocess.Popen, str]:
+    """``m3mem serve`` on a free loopback port, once it answers."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = open(shots / "server.log", "w")
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "m3mem", "serve", "--store", str(store), "--port", str(port),
-         "--allow", str(shared_data), "--max-upload-mb", "2", "--set", "clip_seconds=5"],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
-    )
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "m3mem", "serve", "--store", str(store), "--port", str(port),
+                                 *extra], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 120
     while True:
         if proc.poll() is not None:
-            log.close()
-            pytest.fail(f"m3mem serve exited with {proc.returncode}:\n{(shots / 'server.log').read_text()[-3000:]}")
+            pytest.fail(f"m3mem serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    break
+            with urllib.request.urlopen(url, timeout=2):
+                return proc, url
+        except urllib.error.HTTPError:
+            return proc, url  # it answers (a login page may say 401)
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         if time.monotonic() > deadline:
             proc.kill()
             pytest.fail("m3mem serve did not answer within 120 s")
         time.sleep(0.5)
-    yield url, store
+
+
+def _stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
-    log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, shared_data, shots):
+    """5-second clips, so that a cited clip can start later than 0; uploads up to 2 MB."""
+    pytest.importorskip("gradio")
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("ffmpeg is not installed")
+    store = tmp_path_factory.mktemp("ui") / "store"
+    proc, url = _start(store, ["--allow", str(shared_data), "--max-upload-mb", "2", "--set", "clip_seconds=5"],
+                       shots / "server.log")
+    yield url, store
+    _stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -128,14 +134,25 @@ def page(server, browser, shared_data, shots, tmp_path_factory):
     page.wait_for_selector("#ingest-status [data-ingest=running]")
     page.wait_for_selector("#ingest-status [data-ingest=finished]", timeout=INGEST_TIMEOUT_MS)
     page.wait_for_selector("#library [data-name='jfk.wav']")
-    page.screenshot(path=str(shots / "01-library.png"), full_page=True)
+    _shot(page, shots, "01-library.png")
     yield page
     page.close()
 
 
+def _settled(page) -> None:
+    """Wait until no panel shows Gradio's busy overlay (before a screenshot or a read)."""
+    page.wait_for_function("() => document.querySelectorAll("
+                           "'[data-testid=status-tracker].pending, [data-testid=status-tracker].generating').length === 0")
+
+
+def _shot(page, shots: Path, name: str) -> None:
+    _settled(page)
+    page.screenshot(path=str(shots / name), full_page=True)
+
+
 def _choose(page, dropdown: str, label: str) -> None:
     page.click(f"{dropdown} input")
-    page.get_by_role("option", name=label, exact=True).click()
+    page.locator(dropdown).get_by_role("option", name=label, exact=True).click()
 
 
 def _ask(page, question: str) -> str:
@@ -191,7 +208,7 @@ def test_an_answer_shows_its_rounds_and_cited_clips_that_play_from_their_start(p
     players = page.locator("#answer [data-cited] video, #answer [data-cited] audio")
     assert players.count() >= 1
     starts = [_check_plays_from_start(page, players.nth(i))["start"] for i in range(players.count())]
-    page.screenshot(path=str(shots / "02-ask.png"), full_page=True)
+    _shot(page, shots, "02-ask.png")
     print("cited clips start at", starts)
 
 
@@ -213,7 +230,7 @@ def test_a_renamed_person_is_named_in_the_next_answer(page, shots):
     page.fill("#new-name textarea", NEW_NAME)
     page.click("#rename-btn")
     page.wait_for_selector(f"#people [data-person='{person}'][data-name='{NEW_NAME}']")
-    page.screenshot(path=str(shots / "03-people-renamed.png"), full_page=True)
+    _shot(page, shots, "03-people-renamed.png")
 
     answer = _ask(page, f"When is {NEW_NAME} visible?")
     assert NEW_NAME in answer
@@ -221,7 +238,7 @@ def test_a_renamed_person_is_named_in_the_next_answer(page, shots):
     assert grid_clip.count() == 1
     state = _check_plays_from_start(page, grid_clip)
     assert state["tag"] == "VIDEO" and state["width"] == 360  # real frames decoded, GRID is 360x288
-    page.screenshot(path=str(shots / "04-answer-with-name.png"), full_page=True)
+    _shot(page, shots, "04-answer-with-name.png")
 
 
 def test_pictures_show_who_appears_when_and_the_graph_around_a_person(page, shots):
@@ -237,7 +254,38 @@ def test_pictures_show_who_appears_when_and_the_graph_around_a_person(page, shot
     kinds = [g.get_attribute("data-kind") for g in page.locator("#graph g[data-node]").all()]
     assert {"character", "face", "episodic", "clip"} <= set(kinds)
     assert page.locator("#graph g[data-kind=face] image").count() >= 1
-    page.screenshot(path=str(shots / "05-pictures.png"), full_page=True)
+    _shot(page, shots, "05-pictures.png")
+
+
+def test_two_people_merged_by_hand_become_one_and_split_apart_again(page, shots):
+    page.get_by_role("tab", name="People").click()
+    seen = page.locator("#people [data-person]:has(img[data-face])").first
+    heard = page.locator("#people [data-person]:not(:has(img[data-face]))").first
+    person, other = seen.get_attribute("data-person"), heard.get_attribute("data-person")
+    moved = heard.locator("[data-voice]").first.get_attribute("data-voice")
+    _choose(page, "#person", _label(seen))
+    _choose(page, "#merge-other", _label(heard))
+    page.click("#merge-btn")
+    page.wait_for_selector(f"#people [data-person='{other}']", state="detached")
+    assert page.inner_text("#people-msg") == f"merged into {person}"
+    merged = page.locator(f"#people [data-person='{person}']")
+    assert merged.locator(f"[data-voice='{moved}']").count() == 1
+    _shot(page, shots, "06-merged.png")
+
+    _choose(page, "#person", _label(merged))
+    page.locator("#split-parts").get_by_label(moved, exact=True).check()
+    page.click("#split-btn")
+    page.wait_for_selector("#people-msg [data-message=ok]")
+    assert page.inner_text("#people-msg").startswith(f"{moved} now form")
+    page.wait_for_selector(f"#people [data-person]:not([data-person='{person}']) [data-voice='{moved}']")
+    assert page.locator(f"#people [data-person='{person}'] [data-voice='{moved}']").count() == 0
+    assert page.locator(f"#people [data-person='{person}'] img[data-face]").count() == 1
+
+
+def _label(card) -> str:
+    """The choice that names a person card in the dropdowns."""
+    person, name = card.get_attribute("data-person"), card.get_attribute("data-name")
+    return f"{name} ({person})" if name else person
 
 
 def test_a_forgotten_person_is_gone_from_people_answers_and_the_store(page, server, shots):
@@ -257,14 +305,14 @@ def test_a_forgotten_person_is_gone_from_people_answers_and_the_store(page, serv
     assert page.inner_text("#people-msg").startswith(f"forgot {person}")
     page.wait_for_selector(f"#people [data-person='{person}']", state="detached")
     assert page.locator("#people img[data-face]").count() == 0
-    page.screenshot(path=str(shots / "06-forgotten.png"), full_page=True)
+    _shot(page, shots, "07-forgotten.png")
 
     question = f"When is {name or person} visible?"
     answer = _ask(page, question)
     rest = page.inner_text("#answer").replace(question, "")  # all but the echoed question
     assert (name or person) not in answer and (name or person) not in rest
     assert page.locator(f"#answer [data-cited='{GRID}'], #answer [data-found='{GRID}']").count() == 0
-    page.screenshot(path=str(shots / "07-answer-after-forget.png"), full_page=True)
+    _shot(page, shots, "08-answer-after-forget.png")
 
     with Store.open(store_dir, create=False, read_only=True) as store:
         for face in faces:
@@ -272,3 +320,26 @@ def test_a_forgotten_person_is_gone_from_people_answers_and_the_store(page, serv
         assert store.execute("SELECT COUNT(*) FROM embeddings WHERE space='face'").fetchone()[0] == 0
         texts = " ".join(t for (t,) in store.execute("SELECT text FROM nodes WHERE text IS NOT NULL"))
         assert not any(f in texts for f in faces)
+
+
+def test_with_a_login_nothing_is_served_before_signing_in(tmp_path, shared_data, shots):
+    """Pages, the API and media files all sit behind --auth."""
+    pytest.importorskip("gradio")
+    proc, url = _start(tmp_path / "store", ["--auth", "ann:s3cret", "--allow", str(shared_data)],
+                       shots / "server-auth.log")
+    media_url = f"{url}gradio_api/file={shared_data / 'jfk.wav'}"
+    try:
+        for target in (media_url, url + "config"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(target, timeout=10)
+            assert refused.value.code in (401, 403), target
+        jar = urllib.request.HTTPCookieProcessor()
+        opener = urllib.request.build_opener(jar)
+        form = "username=ann&password=wrong".encode()
+        with pytest.raises(urllib.error.HTTPError):
+            opener.open(url + "login", data=form, timeout=10)
+        opener.open(url + "login", data=b"username=ann&password=s3cret", timeout=10).read()
+        with opener.open(media_url, timeout=10) as r:
+            assert r.status == 200 and r.read(4) == b"RIFF"
+    finally:
+        _stop(proc)
