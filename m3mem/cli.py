@@ -112,8 +112,8 @@ def _progress(enabled: bool):
         bar = bars.get(label)
         if bar is None:
             bar = bars[label] = tqdm(total=total, desc=label[:40], unit="clip", file=sys.stderr, leave=True)
-        bar.n = done
-        bar.refresh()
+        if done != bar.n:
+            bar.update(done - bar.n)
         if done >= total:
             bar.close()
 
@@ -274,9 +274,18 @@ COMMANDS = {
 }
 
 
+def _quiet_library_warnings() -> None:
+    import warnings
+
+    # third-party import-time deprecation notices say nothing to an m3mem user
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module="resemblyzer")
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline defaults never need the hub
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _quiet_library_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args)
