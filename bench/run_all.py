@@ -169,8 +169,12 @@ def main() -> int:
           + (f", {info['gpu']}" if info["gpu"] else ", no GPU") + f"; Python {info['python']}, faiss {info['faiss']} "
           f"({info['faiss_threads']} threads); load average {info['load_avg_1min']}")
     results, failed = [], []
-    for name in args.only or BENCHMARKS:
+    names = args.only or [*BENCHMARKS, *([INGEST_BENCH] if (BENCH / f"{INGEST_BENCH}.py").exists() else [])]
+    for name in names:
         module = load_benchmark(name)
+        if module is None or not callable(getattr(module, "run", None)):
+            print(f"\n## {name}: skipped (bench/{name}.py " + ("is missing)" if module is None else "has no run(size))"))
+            continue
         t0 = time.perf_counter()
         try:
             result = module.run(args.size)
@@ -178,16 +182,12 @@ def main() -> int:
             print(f"\n## {name}: FAILED ({type(e).__name__}: {e})")
             failed.append(name)
             continue
+        if not (isinstance(result, dict) and {"name", "title", "columns", "rows"} <= set(result)):
+            print(f"\n## {name}\n{result}")
+            continue
         result["wall_s"] = round(time.perf_counter() - t0, 1)
         print_result(result)
         results.append(result)
-    if (args.only is None or INGEST_BENCH in args.only) and (BENCH / f"{INGEST_BENCH}.py").exists():
-        # a separate script with its own command line: run it as one, at the same size
-        cmd = [sys.executable, str(BENCH / f"{INGEST_BENCH}.py")] + (["--size", args.size])
-        print(f"\n## ingest  [{INGEST_BENCH}]\n$ {' '.join(cmd[1:])}", flush=True)
-        proc = subprocess.run(cmd, cwd=REPO)
-        if proc.returncode != 0:
-            failed.append(INGEST_BENCH)
     if args.json:
         Path(args.json).write_text(json.dumps({"size": args.size, "machine": info, "benchmarks": results}, indent=2))
     if failed:
