@@ -49,8 +49,14 @@ def group_entities(
     equivalences: Iterable[tuple[str, str, float]],
     conflicts: Iterable[tuple[str, str]],
     min_weight: float = 1.0,
+    compatible=None,
 ) -> tuple[list[set[str]], list[tuple[str, str, str]]]:
-    """Connected groups under the conflict guard, and the refused joins with the reason."""
+    """Connected groups under the conflict guard, and the refused joins with the reason.
+
+    ``compatible(group_a, group_b)`` may veto a join with a reason, e.g. when the two
+    groups' faces look like different people: one voice heard over a cut between two
+    people must not make them one.
+    """
     entities = sorted(set(entities), key=_order)
     comps = _Components(entities)
     cannot: dict[str, set[str]] = {}
@@ -70,6 +76,12 @@ def group_entities(
         if clash:
             refused.append((a, b, f"{clash[0]} and {clash[1]} were seen or heard at the same time"))
             log.info("refused equivalence %s = %s: %s and %s co-occur", a, b, *clash)
+            continue
+        # a person's own edits (infinite weight) are not second-guessed
+        why = compatible(comps.members[ra], comps.members[rb]) if compatible and w != float("inf") else None
+        if why:
+            refused.append((a, b, why))
+            log.info("refused equivalence %s = %s: %s", a, b, why)
             continue
         comps.union(a, b)
     groups = sorted((comps.members[r] for r in {comps.find(x) for x in entities}), key=lambda g: min(map(_order, g)))

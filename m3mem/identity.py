@@ -107,6 +107,7 @@ class Candidate:
 
     embedding: np.ndarray
     quality: float
+    times: tuple = ()  # when the group was seen or heard; groups sharing a time are two people
 
 
 class IdentityMatcher:
@@ -160,6 +161,7 @@ class IdentityMatcher:
     def assign(self, candidates: Sequence[Candidate], clip_id: int) -> list[str]:
         """Match, create nodes for the unmatched, and update exemplars; inside the caller's transaction."""
         matches = self.match(candidates)
+        matches = self._rejoin_split_tracks(candidates, matches)
         out = []
         for cand, (node_id, score) in zip(candidates, matches):
             if node_id is None:
@@ -169,6 +171,35 @@ class IdentityMatcher:
             self._update_exemplars(node_id, cand, clip_id)
             out.append(node_id)
         return out
+
+    def _rejoin_split_tracks(self, candidates, matches):
+        """One-to-one is about co-occurrence: a group left unmatched because its node went
+        to another group of the clip takes that node too when the two never co-occur
+        (one person whose track the clip split in two)."""
+        taken: dict[str, list[int]] = {}
+        for i, (node_id, _) in enumerate(matches):
+            if node_id is not None:
+                taken.setdefault(node_id, []).append(i)
+        out = list(matches)
+        for i, (node_id, score) in enumerate(matches):
+            if node_id is not None or score < self.threshold or not candidates[i].times:
+                continue
+            best = self.match_one(candidates[i])
+            if best is None or best not in taken:
+                continue
+            if all(not (set(candidates[i].times) & set(candidates[j].times)) for j in taken[best]):
+                out[i] = (best, score)
+                taken[best].append(i)
+        return out
+
+    def match_one(self, cand: Candidate) -> str | None:
+        index = self.store.index(self.space, self.dim)
+        scores, ids = index.search(cand.embedding[None, :], self.search_k)
+        owner = self.store.embedding_nodes(ids[0][ids[0] >= 0])
+        for s, eid in zip(scores[0], ids[0]):
+            if s >= self.threshold and int(eid) in owner:
+                return owner[int(eid)]
+        return None
 
     def _update_exemplars(self, node_id: str, cand: Candidate, clip_id: int) -> None:
         existing = self.store.embeddings_of(node_id, self.space)

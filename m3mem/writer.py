@@ -33,7 +33,7 @@ def commit_identity(store, clip_id: int, perception: ClipPerception, face_dim: i
         tracks = list(perception.faces)
         if tracks:
             matcher = IdentityMatcher(store, "face", face_dim, face_threshold, max_exemplars)
-            ids = matcher.assign([Candidate(t.embedding, t.quality) for t in tracks], clip_id)
+            ids = matcher.assign([Candidate(t.embedding, t.quality, t.times_s) for t in tracks], clip_id)
             for track, fid in zip(tracks, ids):
                 identity["faces"][str(track.local_id)] = fid
                 for a, b in face_spans(perception, track.times_s, frame_step_s):
@@ -152,6 +152,34 @@ def _repeated_fact(store, text: str, vec: np.ndarray, entities: Sequence[str], d
     return None
 
 
+# Faces less alike than this are different people whatever the voices say. Far below any
+# backend's match threshold: it vetoes only clear mismatches (dlib: different people
+# 0.76-0.93, one person split in two nodes >= 0.93).
+DIFFERENT_FACES = 0.85
+
+
+def _faces_compatible(store):
+    centroids: dict[str, np.ndarray] = {}
+
+    def centroid(face_id: str) -> np.ndarray | None:
+        if face_id not in centroids:
+            vecs = [v for _, v, _ in store.embeddings_of(face_id, "face")]
+            centroids[face_id] = l2_normalize(np.mean(vecs, axis=0)) if vecs else None
+        return centroids[face_id]
+
+    def check(a: set[str], b: set[str]) -> str | None:
+        fa = [c for c in (centroid(f) for f in sorted(a) if f.startswith("face_")) if c is not None]
+        fb = [c for c in (centroid(f) for f in sorted(b) if f.startswith("face_")) if c is not None]
+        if not fa or not fb:
+            return None
+        best = float((np.stack(fa) @ np.stack(fb).T).max())
+        if best < DIFFERENT_FACES:
+            return f"their faces look like different people (best similarity {best:.2f})"
+        return None
+
+    return check
+
+
 def refresh_characters(store) -> dict[str, str]:
     """Rebuild characters from faces, voices, equivalences and conflicts; ids stay stable."""
     entities = store.nodes_of_kind("face") + store.nodes_of_kind("voice")
@@ -159,7 +187,7 @@ def refresh_characters(store) -> dict[str, str]:
     forced = [(s, d, float("inf")) for s, d, _, _ in store.edges("same_person")]
     equivalences = forced + [(s, d, w) for s, d, _, w in store.edges("equivalence")]
     conflicts = [(s, d) for s, d, _, _ in store.edges("conflict") + store.edges("not_same_person")]
-    groups, refused = group_entities(entities, equivalences, conflicts)
+    groups, refused = group_entities(entities, equivalences, conflicts, compatible=_faces_compatible(store))
     previous = {src: dst for src, dst, _, _ in store.edges("member")}
     next_number = int(store.get_meta("next_character", "1"))
     mapping, next_number = stable_ids(groups, previous, next_number)

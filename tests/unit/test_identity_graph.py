@@ -75,3 +75,41 @@ def test_character_ids_survive_a_rebuild_and_a_split_keeps_the_larger_part():
     split, _ = stable_ids([{"face_1", "face_4"}, {"voice_1"}], {"face_1": "character_1", "face_4": "character_1",
                                                                "voice_1": "character_1"}, 5)
     assert split["face_1"] == "character_1" and split["voice_1"] == "character_5"
+
+
+def test_a_veto_keeps_two_people_apart_when_one_voice_links_both():
+    ents = ["face_1", "face_2", "voice_1"]
+    eq = [("face_1", "voice_1", 2.0), ("face_2", "voice_1", 1.0)]
+
+    def compatible(a, b):
+        faces = {x for x in a | b if x.startswith("face_")}
+        return "faces differ" if faces == {"face_1", "face_2"} else None
+
+    groups, refused = group_entities(ents, eq, [], compatible=compatible)
+    assert {"face_1", "voice_1"} in groups and {"face_2"} in groups
+    assert refused == [("face_2", "voice_1", "faces differ")]
+    # a person's own merge (infinite weight) is not vetoed
+    groups, _ = group_entities(ents, eq + [("face_1", "face_2", float("inf"))], [], compatible=compatible)
+    assert groups == [{"face_1", "face_2", "voice_1"}]
+
+
+def test_a_track_split_in_two_within_a_clip_rejoins_its_node(tmp_path):
+    from m3mem.identity import Candidate, IdentityMatcher
+    from m3mem.store import Store
+
+    store = Store.open(tmp_path / "s")
+    a, b = _people(2, dim=8, seed=9)
+    m = IdentityMatcher(store, "face", 8, threshold=0.9)
+    with store.transaction():
+        (first,) = m.assign([Candidate(a, 1.0, (0.5,))], clip_id=None)
+    # the same person as two tracks at different times, plus a stranger in the same frame as one of them
+    with store.transaction():
+        ids = m.assign([Candidate(_noisy(a, 0.01, 1), 1.0, (0.5, 1.5)), Candidate(_noisy(a, 0.01, 2), 0.9, (5.5,)),
+                        Candidate(b, 1.0, (0.5,))], clip_id=None)
+    assert ids[0] == ids[1] == first and ids[2] != first
+    # two look-alikes seen in one frame stay two people
+    with store.transaction():
+        ids = m.assign([Candidate(_noisy(a, 0.01, 3), 1.0, (7.5,)), Candidate(_noisy(a, 0.01, 4), 0.9, (7.5,))],
+                       clip_id=None)
+    assert ids[0] != ids[1]
+    store.close()
