@@ -186,7 +186,7 @@ class QuestionResult:
 @dataclass
 class VideoStatus:
     video_id: str
-    status: str  # ingested | existing store | missing | failed
+    status: str  # ingested | existing store | answered before | missing | failed
     questions: int
     path: str | None = None
     error: str | None = None
@@ -316,12 +316,11 @@ def run_m3bench(
             todo = [q for q in video.questions if q.question_id not in done]
             report.results.extend(done[q.question_id] for q in video.questions if q.question_id in done)
             answered += len(video.questions) - len(todo)
-            mem = _open_memory(video, located.get(video.video_id), store_root, config, status, bool(todo))
+            mem = _open_memory(video, located.get(video.video_id), store_root, config, status, bool(todo), progress)
             if mem is None:
                 if status.status == "missing":
                     log.warning("video %s (%s) not found and no store for it; its %d questions are skipped",
-                                video.video_id, video.file_name or "no video_path", len(video.questions))
-                    # a question answered before the video went missing still counts
+                                video.video_id, video.file_name or "no video_path", len(todo))
                     status.questions = len(todo)
                 continue
             with mem:
@@ -338,23 +337,28 @@ def run_m3bench(
 
 
 def _open_memory(video: BenchVideo, path: Path | None, store_root: Path, config: Config,
-                 status: VideoStatus, needed: bool):
+                 status: VideoStatus, needed: bool, progress=None):
     """The video's memory, ingesting the file when there is one; None when there is nothing to answer from."""
     from m3mem.memory import Memory
 
     sub = store_dir_for(store_root, video.video_id)
     has_store = (sub / "memory.db").exists()
+    if not needed:
+        # every question is in the resumed results (or there are none): nothing to ingest
+        status.status = "answered before" if video.questions else "no questions"
+        status.path = str(path) if path else None
+        return None
     if path is None:
         if not has_store:
             status.status = "missing"
             return None
         status.status = "existing store"
-        return Memory(sub, config, read_only=True) if needed else None
+        return Memory(sub, config, read_only=True)
     status.path = str(path)
     t = time.perf_counter()
     mem = Memory(sub, config)
     try:
-        report = mem.ingest([path])
+        report = mem.ingest([path], progress=progress)
     except BaseException:
         mem.close()
         raise
@@ -368,9 +372,6 @@ def _open_memory(video: BenchVideo, path: Path | None, store_root: Path, config:
     else:
         status.status = "ingested" if f.status in ("done", "skipped") else f.status
         status.error = f.error
-    if not needed:
-        mem.close()
-        return None
     return mem
 
 

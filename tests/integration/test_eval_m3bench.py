@@ -182,7 +182,8 @@ def test_resume_keeps_answered_questions_and_asks_nothing_again(bench, tmp_path)
                          results_path=out, resume=True)
     assert judge.calls == 1  # only the question whose line was cut short
     assert len(report.results) == 4 and len(out.read_text().splitlines()) == 4
-    assert {v.video_id: v.status for v in report.videos}["room_01"] == "ingested"
+    status = {v.video_id: v.status for v in report.videos}
+    assert status == {"room_01": "answered before", "call_02": "ingested", "lab_03": "missing"}
 
 
 def test_cli_answers_from_existing_stores_without_the_videos(bench, tmp_path):
