@@ -76,6 +76,7 @@ CREATE TABLE IF NOT EXISTS nodes (
 );
 CREATE INDEX IF NOT EXISTS nodes_kind ON nodes(kind);
 CREATE INDEX IF NOT EXISTS nodes_clip ON nodes(clip_id);
+CREATE INDEX IF NOT EXISTS nodes_seq ON nodes(seq);
 CREATE TABLE IF NOT EXISTS edges (
     src TEXT NOT NULL,
     dst TEXT NOT NULL,
@@ -215,6 +216,12 @@ class Store:
             raise StoreError(
                 f"store {self.root} has schema version {version}, newer than this m3mem ({SCHEMA_VERSION}); upgrade m3mem"
             )
+        if not self.read_only:
+            # indexes added within a schema version are created on first writable open
+            with self.transaction():
+                for statement in _split_sql(_SCHEMA):
+                    if statement.startswith("CREATE INDEX"):
+                        self._conn.execute(statement)
 
     def close(self) -> None:
         if not self.read_only:
