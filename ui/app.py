@@ -425,25 +425,26 @@ def serve(store_dir: str | Path, config: Config | None = None, host: str = "127.
     if not is_loopback(host) and auth is None:
         raise InputError(f"serving on {host} lets other machines in; give --auth USER:PASSWORD "
                          f"(or $M3MEM_UI_AUTH), or keep the default host 127.0.0.1")
-    store = Path(store_dir).expanduser().resolve()
+    try:
+        import gradio  # noqa: F401  (fail before opening anything)
+    except ImportError as e:
+        raise M3memError("the web app needs gradio: pip install 'm3mem[ui]'") from e
+    app = MemoryApp(store_dir, config, allowed_dirs, max_upload_mb)
     # Gradio writes uploads (and anything it caches) under GRADIO_TEMP_DIR: keep them in the store's folder.
-    incoming = store / media.UPLOADS / ".incoming"
+    incoming = app.store_dir / media.UPLOADS / ".incoming"
     incoming.mkdir(parents=True, exist_ok=True)
     os.environ["GRADIO_TEMP_DIR"] = str(incoming)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    try:
-        import gradio as gr
-    except ImportError as e:
-        raise M3memError("the web app needs gradio: pip install 'm3mem[ui]'") from e
-
-    app = MemoryApp(store, config, allowed_dirs, max_upload_mb)
     demo = app.build()
     demo.queue(default_concurrency_limit=4)
-    log.info("serving %s on http://%s:%d", store, host, port)
+    log.info("serving %s on http://%s:%d", app.store_dir, host, port)
     try:
         demo.launch(
             server_name=host, server_port=port, auth=auth, allowed_paths=[str(p) for p in app.servable()],
             max_file_size=app.max_upload_bytes, ssr_mode=False, show_error=True, css=views.CSS, head=views.HEAD,
+            # Gradio would keep each answer (names, crops, voice samples) in the browser, or in a hub
+            # bucket, beyond the reach of forget: record nothing.
+            run_history=False,
         )
     finally:
         app.close()

@@ -245,7 +245,7 @@ def drop_cached_excerpts(store_dir: Path) -> None:
 # --- voice samples -------------------------------------------------------------
 
 
-def voice_sample_wav(source: str, start_s: float, end_s: float, max_s: float = 4.0) -> bytes:
+def voice_sample_wav(source: str, start_s: float, end_s: float, max_s: float = 3.0) -> bytes:
     """A short mono 16 kHz WAV of ``source`` from ``start_s``; ffmpeg seeks instead of decoding it all."""
     dur = max(0.2, min(end_s - start_s, max_s))
     cmd = ["ffmpeg", "-nostdin", "-v", "error", "-ss", f"{max(0.0, start_s):.3f}", "-i", str(source),
