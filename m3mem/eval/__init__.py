@@ -32,8 +32,12 @@ def add_parser(sub, common) -> None:
     common(m)
 
     per = esub.add_parser("perception", help="face verification, diarization error rate, word error rate, "
-                                             "identity precision and recall")
-    psub = per.add_subparsers(dest="metric", required=True)
+                                             "identity precision and recall",
+                          description="with no metric: every measure on the test media, one table per backend")
+    from m3mem.eval.perception import add_arguments as add_perception_arguments
+
+    add_perception_arguments(per, common)
+    psub = per.add_subparsers(dest="metric", required=False)
 
     f = psub.add_parser("faces", help="face verification on a pair list (CSV: file_x,file_y,same_person)")
     f.add_argument("--pairs", required=True, help="pair list CSV")
@@ -71,6 +75,10 @@ def _hypothesis_args(p, what: str, common) -> None:
 def run_command(args, cfg, progress=None) -> int:
     if args.eval_command == "m3bench":
         return _cmd_m3bench(args, cfg, progress)
+    if args.metric is None:
+        from m3mem.eval.perception import run_command as run_perception
+
+        return run_perception(args, cfg, progress)
     return {"faces": _cmd_faces, "der": _cmd_der, "wer": _cmd_wer, "identity": _cmd_identity}[args.metric](args, cfg)
 
 
