@@ -49,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
 
     p = sub.add_parser("people", help="the people in memory and when they appear; rename, merge or split them",
-                       description="m3mem people [rename PERSON NAME | merge PERSON OTHER | split PERSON FACE_OR_VOICE...]")
-    p.add_argument("action", nargs="?", choices=["list", "rename", "merge", "split"], default="list")
+                       description="m3mem people [rename PERSON NAME | merge PERSON OTHER | split PERSON FACE_OR_VOICE... | forget PERSON]")
+    p.add_argument("action", nargs="?", choices=["list", "rename", "merge", "split", "forget"], default="list")
     p.add_argument("args", nargs="*", help="PERSON is a character id, a face/voice id or a name")
     _common(p)
 
@@ -184,7 +184,7 @@ def cmd_people(args, cfg: Config) -> int:
     from m3mem.memory import Memory
 
     if args.action != "list":
-        need = {"rename": 2, "merge": 2, "split": 2}[args.action]
+        need = {"rename": 2, "merge": 2, "split": 2, "forget": 1}[args.action]
         if len(args.args) < need:
             raise InputError(f"people {args.action} needs at least {need} arguments; see m3mem people --help")
         with Memory(args.store, cfg) as mem:
@@ -192,8 +192,18 @@ def cmd_people(args, cfg: Config) -> int:
                 cid = people_edit.rename(mem.store, args.args[0], " ".join(args.args[1:]))
             elif args.action == "merge":
                 cid = people_edit.merge(mem.store, args.args[0], args.args[1])
-            else:
+            elif args.action == "split":
                 cid = people_edit.split(mem.store, args.args[0], args.args[1:])
+            else:
+                from m3mem.forget import forget_person
+
+                report = forget_person(mem.store, args.args[0])
+                if args.json:
+                    print(json.dumps({"action": "forget", "id": report.person, **report.to_json()}))
+                else:
+                    print(f"forget: {report.person} ({len(report.entities)} faces and voices, {report.lines} memory lines, "
+                          f"{report.embeddings} vectors, {report.crops} crops removed)")
+                return 0
         print(json.dumps({"action": args.action, "id": cid}) if args.json else f"{args.action}: {cid}")
         return 0
     with Memory(args.store, cfg, read_only=True) as mem:

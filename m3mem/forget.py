@@ -22,7 +22,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from m3mem.people import _resolve, members
+from m3mem.people import resolve, members
 from m3mem.records import ClipPerception
 from m3mem.store import SPACES
 
@@ -50,7 +50,7 @@ def forget_person(store, person: str) -> ForgetReport:
     """Remove ``person`` (a character id, one of its face/voice ids, or its name) from ``store``."""
     from m3mem.writer import refresh_characters
 
-    cid = _resolve(store, person)
+    cid = resolve(store, person)
     ents = members(store, cid)
     name = (store.node(cid) or {}).get("name")
     # Load every index first, so the removals below reach it and the file is rewritten without them.

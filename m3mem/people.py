@@ -70,7 +70,7 @@ def _order(node_id: str) -> tuple[str, int]:
 # ingestion) respects them: 'same_person' joins, 'not_same_person' keeps apart.
 
 
-def _resolve(store, person: str) -> str:
+def resolve(store, person: str) -> str:
     """A character id from an id, a face/voice id, or a name."""
     from m3mem.errors import InputError
 
@@ -90,7 +90,7 @@ def members(store, character_id: str) -> list[str]:
 def rename(store, person: str, name: str | None) -> str:
     from m3mem.errors import InputError
 
-    cid = _resolve(store, person)
+    cid = resolve(store, person)
     name = (name or "").strip() or None
     if name is not None:
         clash = store.execute("SELECT id FROM nodes WHERE kind='character' AND name=? AND id<>?", (name, cid)).fetchone()
@@ -107,7 +107,7 @@ def merge(store, a: str, b: str) -> str:
     from m3mem.errors import InputError
     from m3mem.writer import refresh_characters
 
-    ca, cb = _resolve(store, a), _resolve(store, b)
+    ca, cb = resolve(store, a), resolve(store, b)
     if ca == cb:
         return ca
     ma, mb = members(store, ca), members(store, cb)
@@ -134,7 +134,7 @@ def split(store, person: str, entities: list[str]) -> str:
     from m3mem.errors import InputError
     from m3mem.writer import refresh_characters
 
-    cid = _resolve(store, person)
+    cid = resolve(store, person)
     group = members(store, cid)
     moving = [e for e in entities if e in group]
     if not moving or len(moving) == len(group):
