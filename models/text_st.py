@@ -54,7 +54,9 @@ class SentenceTransformerEmbedder:
         folder = Path(arg).expanduser() if arg else minilm_folder()
         _check_folder(folder)
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # a bar per load on stderr is noise for a CLI user
         try:
             self._model = SentenceTransformer(str(folder), device=device, local_files_only=True)
         except (OSError, ValueError) as e:
