@@ -170,9 +170,13 @@ class PerceptionReport:
             if t.not_measured:
                 out.append(f"Not measured: {t.not_measured}")
                 continue
+            if t.wall_s:
+                out += [f"Wall time {t.wall_s:.0f} s.", ""]
             out += ["| metric | value | reference | detail |", "|---|---:|---|---|"]
             for r in t.rows:
-                cells = [r.metric, _fmt(r.value), r.reference, r.detail]
+                # markdown drops leading spaces: keep the indent of a sub-row visible
+                metric = "&emsp;" + r.metric.strip() if r.metric.startswith(" ") else r.metric
+                cells = [metric, _fmt(r.value), r.reference, r.detail]
                 out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         return "\n".join(out) + "\n"
 
@@ -631,7 +635,7 @@ def evaluate_voice(voice_spec: str, speech_spec: str, data: Path, cfg: Config, p
                                                "embeddings_from_speech_backend": own}
             rows.append(Row(f"DER, {name}", d.der, f"{n_ref} speakers, {d.total_s:.1f} s of speech",
                             f"confusion {d.confusion_s:.1f} s, missed {d.missed_s:.1f} s, false alarm "
-                            f"{d.false_alarm_s:.1f} s; {n_hyp} voices found"
+                            f"{d.false_alarm_s:.1f} s; {n_hyp} voice{'' if n_hyp == 1 else 's'} found"
                             + (f"; {unembedded} segments too short to embed" if unembedded else "")))
         _step(progress, f"voices {voice_spec}: DER", len(files), len(files))
 
