@@ -31,10 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("ingest", help="add videos or audio files (or folders of them) to a store")
-    p.add_argument("paths", nargs="+", help="files or folders")
+    p.add_argument("paths", nargs="+", help="files, folders (recursive), quoted glob patterns, list files (.txt: one "
+                   "input per line) or M3-Agent manifests (.jsonl with video_path)")
     p.add_argument("--retry-failed", action="store_true", help="take clips that failed before again")
-    p.add_argument("--workers", type=int, help="parallel workers (more than 1 uses Ray)")
-    p.add_argument("--ray", dest="ray_address", help="Ray cluster address (auto or host:port)")
+    p.add_argument("--workers", type=int, help="parallel workers; more than 1 starts a local Ray instance "
+                   "(default 1: one process, no Ray)")
+    p.add_argument("--ray", dest="ray_address", help="join a running Ray cluster: 'auto' on one of its nodes, or the "
+                   "head's HOST:PORT (docs/cluster.md)")
     _common(p)
 
     p = sub.add_parser("search", help="clips whose memory matches a query")
@@ -141,6 +144,10 @@ def cmd_ingest(args, cfg: Config) -> int:
         rtf = out["real_time_factor"]
         print(f"{len(report.files)} files, {out['clips_done']} clips done, {out['clips_failed']} failed, "
               f"{out['clips_skipped']} skipped in {out['wall_s']:.1f} s" + (f" (real-time factor {rtf:.3f})" if rtf else ""))
+        if out.get("cluster"):
+            nodes = out["cluster"]["clips_per_node"]
+            print(f"{out['cluster']['workers']} Ray workers; clips perceived per node: "
+                  + (", ".join(f"{n[:8]} {c}" for n, c in sorted(nodes.items())) or "none"))
     return 1 if report.failed else 0
 
 
