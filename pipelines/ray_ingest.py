@@ -197,6 +197,8 @@ class RayIngest:
         self._load: list[int] = []
         self._started_ray = False
         self._in_flight: dict[int, _Open] = {}  # files opened and not yet finished, by video id
+        self._files_over = 0  # files of this run that need nothing more (finished, skipped or failed)
+        self._files_total = 0
 
     # lifecycle ---------------------------------------------------------------
 
@@ -236,7 +238,8 @@ class RayIngest:
             else:
                 workers = max(1, cfg.workers)
                 log.info("starting a local Ray instance for %d workers", workers)
-                ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.WARNING,
+                # "local": a new instance even where RAY_ADDRESS names a cluster (--ray is how to join one)
+                ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level=logging.WARNING,
                          object_store_memory=max(100, 64 * workers) * 1024 * 1024)
             self._started_ray = True
         resources = ray.cluster_resources()
@@ -282,8 +285,6 @@ class RayIngest:
     # the pipeline ------------------------------------------------------------
 
     def _run(self, items, report, retry_failed: bool) -> None:
-        from pipelines.ingest import ALL_FILES
-
         ray = _ray()
         window = QUEUE_PER_WORKER * len(self._workers)
         feeder = self._feed(items, report, retry_failed)
@@ -293,8 +294,7 @@ class RayIngest:
         in_flight = self._in_flight
         waiting_for: int | None = None
         exhausted = False
-        finished_files = 0
-        progress = self.ing.progress
+        self._files_total = len(items)
 
         while True:
             # feed: open files and submit perception, up to the window
@@ -322,9 +322,7 @@ class RayIngest:
                 f = files.popleft()
                 self.ing.finish_file(f.job)
                 del in_flight[f.job.video_id]
-                finished_files += 1
-                if len(items) > 1:
-                    progress(ALL_FILES, finished_files, len(items))
+                self._file_over()
 
             moved = False
             # write memories in clip order
@@ -362,11 +360,19 @@ class RayIngest:
                 job = self.ing.open_file(item.path, retry_failed, item.source_id)
             if isinstance(job, FileResult):
                 report.files.append(job)
+                self._file_over()
                 continue
             report.files.append(job.result)
             yield _Open(job, remaining=len(job.todo))
             for row in job.todo:
                 yield _Task(job, row)
+
+    def _file_over(self) -> None:
+        from pipelines.ingest import ALL_FILES
+
+        self._files_over += 1
+        if self._files_total > 1:
+            self.ing.progress(ALL_FILES, self._files_over, self._files_total)
 
     def _submit_perception(self, task: _Task) -> None:
         cached = self.ing.cached_perception(task.row)
