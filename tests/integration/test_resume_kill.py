@@ -149,17 +149,21 @@ _ACTOR_KILL_DRIVER = textwrap.dedent("""
     from pipelines.ray_ingest import RayIngest
 
     store_dir, paths = sys.argv[1], sys.argv[2:]
-    killed = []
+    killed, later = [], []
     def progress(label, done, total):
         # once the first clip is written, kill a worker that has clips queued
-        if not killed and done == 1 and label != "all files":
+        if label == "all files":
+            return
+        if not killed and done == 1:
             pid = runner.worker_pids()[0]
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
+        elif killed and not later:
+            later.extend(runner.worker_pids())
     with Store.open(store_dir) as store:
         runner = RayIngest(Ingestor(store, load_config(overrides={"clip_seconds": 3, "workers": 2}), progress))
         report = runner.ingest(paths)
-        print(json.dumps({"report": report.to_json(), "killed": killed}))
+        print(json.dumps({"report": report.to_json(), "killed": killed, "later": later}))
 """)
 
 
@@ -176,6 +180,8 @@ def test_a_killed_worker_is_restarted_and_its_clip_retried(tmp_path, tmp_path_fa
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["killed"], "no worker was killed"
+    # the killed worker was replaced by a new process, and there are as many workers as before
+    assert len(result["later"]) == 2 and result["killed"][0] not in result["later"], result
     report = result["report"]
     assert report["clips_done"] == BATCH_CLIPS and report["clips_failed"] == 0, report
     ours, theirs = canonical_dump(store), canonical_dump(reference)
