@@ -76,7 +76,7 @@ def built(tmp_path):
                                    voice_threshold=0.6, max_exemplars=8, frame_step_s=1.0)
         commit_memory(store, row.id, memorize_lite(perception, identity, 1.0), embedder)
     refresh_characters(store)
-    jack = people._resolve(store, "face_1")
+    jack = people.resolve(store, "face_1")
     people.rename(store, jack, "Jack Kennedy")
     return store, root, rows, embedder, jack_face
 
@@ -87,7 +87,7 @@ def _file_bytes(root) -> bytes:
 
 def test_forget_removes_the_person_and_every_line_about_them(built):
     store, root, rows, embedder, jack_face = built
-    jack = people._resolve(store, "Jack Kennedy")
+    jack = people.resolve(store, "Jack Kennedy")
     assert set(people.members(store, jack)) == {"face_1", "voice_1"}
     assert any(SPOKEN in line for h in search(store, embedder, "country", top_k=5) for line in h.lines)
     faces_before = len(store.index("face"))
@@ -117,7 +117,7 @@ def test_forget_removes_the_person_and_every_line_about_them(built):
 
 def test_forget_keeps_the_other_person_and_their_memory(built):
     store, root, rows, embedder, _ = built
-    ann = people._resolve(store, "face_2")
+    ann = people.resolve(store, "face_2")
     people.rename(store, ann, "Ann")
     forget_person(store, "face_1")
     remaining = people.list_people(store)
