@@ -70,6 +70,11 @@ def display(path: str | os.PathLike) -> str:
         return raw.decode("utf-8", "backslashreplace")
 
 
+def printable(text: str) -> str:
+    """A message that may quote such a path, made safe to print and to store the same way."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 class DecodablePath:
     """A path every decoder can open: the file's own, or a link to it whose name is valid UTF-8.
 

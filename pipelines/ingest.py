@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 from m3mem.config import Config
 from m3mem.errors import InputError, ModelError
 from m3mem.records import ClipMemory, ClipPerception, VideoInfo
-from pipelines.archive import MEDIA_EXTENSIONS, DecodablePath, display, expand_inputs, natural_key
+from pipelines.archive import MEDIA_EXTENSIONS, DecodablePath, display, expand_inputs, natural_key, printable
 from pipelines.perceive import Models, perceive_clip
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class Ingestor:
         if not job.todo:  # a run stopped after the file's last clip, before the file was finished
             self.finish_file(job)
             return job.result
-        label = job.path.name
+        label = display(job.path.name)
         frames = audio = None
         source = DecodablePath(job.path)
         try:
@@ -181,8 +181,8 @@ class Ingestor:
                     self.clip_failed(job, row, e)
             self.progress(label, len(job.todo), len(job.todo))
         except InputError as e:
-            log.error("%s", e)
-            job.result.error = str(e)
+            log.error("%s", printable(str(e)))
+            job.result.error = printable(str(e))
         finally:
             if frames is not None:
                 frames.close()
@@ -206,8 +206,8 @@ class Ingestor:
             info = probe(str(path))
             sha = file_sha256(path)
         except InputError as e:
-            log.error("%s", e)
-            return FileResult(shown, "failed", error=str(e), source_id=source_id)
+            log.error("%s", printable(str(e)))
+            return FileResult(shown, "failed", error=printable(str(e)), source_id=source_id)
         except OSError as e:
             log.error("%s: %s", shown, e)
             return FileResult(shown, "failed", error=f"{shown}: {e.strerror or e}", source_id=source_id)
@@ -265,8 +265,10 @@ class Ingestor:
         commit_memory(self.store, row.id, memory, self.embedder)
 
     def clip_failed(self, job: FileJob, row, error: Exception) -> None:
-        log.error("%s clip %d (%.1f-%.1f s) failed: %s", job.path.name, row.index, row.start_s, row.end_s, error)
-        self.store.set_clip_status(row.id, "failed", str(error))
+        message = printable(str(error))
+        log.error("%s clip %d (%.1f-%.1f s) failed: %s", display(job.path.name), row.index, row.start_s, row.end_s,
+                  message)
+        self.store.set_clip_status(row.id, "failed", message)
         job.result.clips_failed += 1
 
     def finish_file(self, job: FileJob) -> None:

@@ -40,6 +40,7 @@ from typing import Iterable, Iterator
 from m3mem.config import Config
 from m3mem.errors import ConfigError, InputError, M3memError, ModelError, StoreError
 from m3mem.records import Clip, ClipMemory, ClipPerception, VideoInfo
+from pipelines.archive import display, printable
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,8 @@ class _Wait:
 @dataclass
 class RunStats:
     workers: int = 0
+    gpus_per_worker: float = 0.0
+    startup_s: float = 0.0  # joining or starting Ray and loading the workers' models
     clips_per_node: Counter = field(default_factory=Counter)  # clips perceived on each Ray node
 
 
@@ -215,11 +218,14 @@ class RayIngest:
                 self._run(items, report, retry_failed)
             finally:
                 self._stop()
-            report.cluster = {"workers": self.stats.workers, "clips_per_node": dict(self.stats.clips_per_node)}
+            report.cluster = {"workers": self.stats.workers, "gpus_per_worker": self.stats.gpus_per_worker,
+                              "startup_s": round(self.stats.startup_s, 2),
+                              "clips_per_node": dict(self.stats.clips_per_node)}
         report.wall_s = time.perf_counter() - t0
         return report
 
     def _start(self) -> None:
+        t0 = time.perf_counter()
         ray = _ray()
         cfg = self.config
         if not ray.is_initialized():
@@ -257,7 +263,7 @@ class RayIngest:
         config = self.config.to_dict()
         self._workers = [remote.remote(config) for _ in range(n)]
         self._load = [0] * n
-        self.stats.workers = n
+        self.stats.workers, self.stats.gpus_per_worker = n, gpu_share
         log.info("%d workers (%s each)", n, f"{gpu_share:.2f} GPU" if gpu_share else "1 CPU")
         # loading the models everywhere first turns a missing model into one clear error
         try:
@@ -267,6 +273,7 @@ class RayIngest:
                 raise e.cause from None
             raise
         self.ing._identity_params = params[0]
+        self.stats.startup_s = time.perf_counter() - t0
 
     def _stop(self) -> None:
         ray = _ray()
@@ -450,8 +457,8 @@ class RayIngest:
         if scope == "file":
             # as in one process: a file whose decoders cannot open fails as a whole, its clips stay pending
             if current.job.result.error is None:
-                log.error("%s", reply["error"])
-                current.job.result.error = reply["error"]
+                current.job.result.error = printable(reply["error"])
+                log.error("%s", current.job.result.error)
         else:
             self.ing.clip_failed(current.job, task.row, InputError(reply["error"]))
         self._clip_over(current)
@@ -459,7 +466,7 @@ class RayIngest:
     def _clip_over(self, current: _Open) -> None:
         current.remaining -= 1
         current.done += 1
-        self.ing.progress(current.job.path.name, current.done, len(current.job.todo))
+        self.ing.progress(display(current.job.path.name), current.done, len(current.job.todo))
 
 
 def _ready(ref) -> bool:

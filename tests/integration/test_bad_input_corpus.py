@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 skip_without_media(pytest)
 
 NON_UTF8_NAME = os.fsdecode(b"latin1_caf\xe9.mpg")
+NON_UTF8_BAD = os.fsdecode(b"unreadable_\xff\xfe.mp4")
 
 
 def _ffmpeg(*args: str) -> None:
@@ -54,6 +55,9 @@ def make_corpus(root: Path) -> tuple[list[str], dict[str, str], dict[str, str]]:
     fails(root / "zero_bytes.mp4", "empty")
     (root / "text_named.mp4").write_text("this is not a video\n" * 50)
     fails(root / "text_named.mp4", "not a readable")
+    (root / NON_UTF8_BAD).write_text("neither UTF-8 in its name nor a video in its bytes")
+    inputs.append(str(root / NON_UTF8_BAD))
+    bad[display(NON_UTF8_BAD)] = "not a readable"
     (root / "random_bytes.mkv").write_bytes(os.urandom(200_000))
     fails(root / "random_bytes.mkv", "not a readable")
     fails(root / "does_not_exist.mp4", "no such file")
@@ -210,3 +214,15 @@ def test_each_bad_input_gets_one_clear_error_the_batch_goes_on_and_the_store_is_
         assert set(before[table]) <= set(after[table]), table
     for space, rows in before["embeddings"].items():
         assert after["embeddings"][space][: len(rows)] == rows, space
+
+
+def test_the_command_prints_errors_about_names_that_are_not_utf8(tmp_path):
+    import sys
+
+    bad = tmp_path / NON_UTF8_BAD
+    bad.write_text("not a video")
+    out = subprocess.run([sys.executable, "-m", "m3mem", "ingest", str(bad), "--store", str(tmp_path / "s")],
+                         capture_output=True, env={**ENV, "PYTHONIOENCODING": "utf-8"}, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr.decode(errors="replace")[-2000:]
+    text = out.stdout.decode("utf-8")
+    assert "failed" in text and "unreadable_\\xff\\xfe.mp4" in text and "not a readable" in text, text

@@ -88,3 +88,16 @@ def test_an_address_where_no_cluster_listens_is_a_clear_error_and_nothing_is_sto
     assert rc == 2, err[-3000:]
     assert "no Ray cluster answers at 127.0.0.1:9" in err and "ray start --head" in err
     assert canonical_dump(store)["videos"] == []
+
+
+@pytest.mark.gpu
+def test_workers_share_the_gpu_when_there_is_one(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    gpus = torch.cuda.device_count()
+    rc, report, err = ingest([GRID / "bbaf2n.mpg", GRID / "brbk7n.mpg"], tmp_path / "s", "--workers", "2")
+    assert rc == 0, err[-3000:]
+    assert report["cluster"]["workers"] == 2
+    assert report["cluster"]["gpus_per_worker"] == pytest.approx(min(1.0, gpus / 2))
+    assert report["clips_done"] == 2
