@@ -44,7 +44,7 @@ from pipelines.archive import display, printable
 
 log = logging.getLogger(__name__)
 
-QUEUE_PER_WORKER = 2  # clips in flight per worker: enough to hide the writer's turn, little memory
+QUEUE_PER_WORKER = 2  # clips in flight per worker and stage: enough to hide the writer's turn, little memory
 TASK_RETRIES = 2  # retries of a clip whose worker died while working on it
 _FATAL = {"ConfigError": ConfigError, "StoreError": StoreError}
 
@@ -160,9 +160,9 @@ class _Task:
     job: object  # FileJob
     row: object  # ClipRow
     perception: object = None  # a ClipPerception (cached) or a Ray ref to a perceive reply
-    worker: int = -1
-    perception_value: ClipPerception | None = None
+    worker: int = -1  # the worker perceiving it
     memory_ref: object = None
+    memory_worker: int = -1  # the worker memorizing it
 
 
 @dataclass
@@ -197,7 +197,7 @@ class RayIngest:
         self.config: Config = ingestor.config
         self.stats = RunStats()
         self._workers: list = []
-        self._load: list[int] = []
+        self._load: dict[str, list[int]] = {}
         self._started_ray = False
         self._in_flight: dict[int, _Open] = {}  # files opened and not yet finished, by video id
         self._files_over = 0  # files of this run that need nothing more (finished, skipped or failed)
@@ -256,13 +256,15 @@ class RayIngest:
             n = int(gpus) if gpus >= 1 else int(resources.get("CPU", 1))
         n = max(1, n)
         gpu_share = min(1.0, gpus / n) if gpus else 0.0
-        remote = ray.remote(ClipWorker).options(
+        # perception runs in the default group and memorization in its own, one at a time each: a
+        # clip's memorization never waits behind the perception queued on the same worker
+        remote = ray.remote(concurrency_groups={"memorize": 1})(ClipWorker).options(
             num_cpus=1, num_gpus=gpu_share, max_restarts=-1, max_task_retries=TASK_RETRIES,
             scheduling_strategy="SPREAD",
         )
         config = self.config.to_dict()
         self._workers = [remote.remote(config) for _ in range(n)]
-        self._load = [0] * n
+        self._load = {"perceive": [0] * n, "memorize": [0] * n}
         self.stats.workers, self.stats.gpus_per_worker = n, gpu_share
         log.info("%d workers (%s each)", n, f"{gpu_share:.2f} GPU" if gpu_share else "1 CPU")
         # loading the models everywhere first turns a missing model into one clear error
@@ -305,7 +307,7 @@ class RayIngest:
 
         while True:
             # feed: open files and submit perception, up to the window
-            while not exhausted and len(perceiving) + len(memorizing) < window:
+            while not exhausted and len(perceiving) < window:
                 if waiting_for is not None:
                     if waiting_for in in_flight:
                         break
@@ -337,7 +339,7 @@ class RayIngest:
                 self._write_memory(memorizing.popleft(), files[0])
                 moved = True
             # identify in clip order, never ahead into a file before the previous one is finished
-            while (perceiving and files and perceiving[0].job is files[0].job
+            while (perceiving and files and perceiving[0].job is files[0].job and len(memorizing) < window
                    and (not isinstance(perceiving[0].perception, ray.ObjectRef) or _ready(perceiving[0].perception))):
                 task = perceiving.popleft()
                 if self._identify(task, files[0]):
@@ -387,20 +389,24 @@ class RayIngest:
             task.perception = cached
             return
         job = task.job
-        w = self._pick()
+        w = self._pick("perceive")
         task.worker = w
         info = {**job.info.__dict__}
         task.perception = self._workers[w].perceive.remote(str(job.path), info, task.row.as_clip().to_dict())
 
-    def _pick(self) -> int:
-        w = min(range(len(self._workers)), key=lambda i: (self._load[i], i))
-        self._load[w] += 1
+    def _pick(self, stage: str) -> int:
+        load = self._load[stage]
+        w = min(range(len(load)), key=lambda i: (load[i], i))
+        load[w] += 1
         return w
 
     def _done_with(self, task: _Task) -> None:
         if task.worker >= 0:
-            self._load[task.worker] -= 1
+            self._load["perceive"][task.worker] -= 1
             task.worker = -1
+        if task.memory_worker >= 0:
+            self._load["memorize"][task.memory_worker] -= 1
+            task.memory_worker = -1
 
     def _reply(self, ref, what: str, task: _Task) -> dict:
         ray = _ray()
@@ -429,10 +435,10 @@ class RayIngest:
         except (InputError, ModelError) as e:
             self._clip_error(task, current, {"error": str(e), "scope": "clip"})
             return False
-        task.perception_value = perception
-        w = self._pick()
-        task.worker = w
-        task.memory_ref = self._workers[w].memorize.remote(perception.to_dict(), identity)
+        w = self._pick("memorize")
+        task.memory_worker = w
+        task.memory_ref = self._workers[w].memorize.options(concurrency_group="memorize").remote(
+            perception.to_dict(), identity)
         return True
 
     def _write_memory(self, task: _Task, current: _Open) -> None:
