@@ -147,6 +147,10 @@ class PocketsphinxSpeechModel:
 
     def _decode(self, audio: np.ndarray, offset_s: float) -> list[Word]:
         d = self._decoder
+        # the decoder adapts its feature normalisation across utterances; reset it so a
+        # segment decodes the same whatever was decoded before (a resumed run, another
+        # worker), which keeps stores from a resumed or parallel ingest equal to one run's
+        d.reinit_feat()
         d.start_utt()
         d.process_raw(_pcm16(audio).tobytes(), full_utt=True)
         d.end_utt()
