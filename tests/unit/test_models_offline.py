@@ -190,6 +190,10 @@ class _FakeDecoder:
 
     def __init__(self, segs):
         self._segs = segs
+        self.resets = 0
+
+    def reinit_feat(self):
+        self.resets += 1
 
     def start_utt(self):
         pass
