@@ -29,8 +29,16 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     # the cluster's processes take the environment of this process
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "RAY_DEDUP_LOGS")}
-    os.environ.update({"OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"})
+    # Ray 2.59+ authenticates local clusters with a token kept in a file shared by every
+    # Ray instance of this user, which an earlier local instance (another test) may have
+    # rewritten under a running cluster. This cluster listens on loopback only and lives
+    # for this module, so it runs without token authentication (docs/cluster.md says how
+    # a real cluster shares its token).
+    token = {"RAY_AUTH_MODE": "disabled"}
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "RAY_DEDUP_LOGS", *token)}
+    saved_env = {k: ENV.get(k) for k in token}
+    os.environ.update({"OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0", **token})
+    ENV.update(token)
     # a short session folder: Ray's unix socket paths must stay under 107 bytes
     temp_dir = tempfile.mkdtemp(prefix="m3r", dir="/tmp")
     c = Cluster(initialize_head=True, connect=False, head_node_args={
@@ -43,11 +51,12 @@ def cluster():
     finally:
         c.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        for env, values in ((os.environ, saved), (ENV, saved_env)):
+            for k, v in values.items():
+                if v is None:
+                    env.pop(k, None)
+                else:
+                    env[k] = v
 
 
 def test_a_two_node_cluster_ingests_an_archive_into_the_same_store_as_one_process(cluster, tmp_path_factory):
