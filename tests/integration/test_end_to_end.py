@@ -19,41 +19,14 @@ if not DATA.is_dir():
 if shutil.which("ffmpeg") is None:
     pytest.skip("ffmpeg is not installed", allow_module_level=True)
 
-# The joined video: (source, seconds taken, true person). katie comes back at the end,
-# in the second 30 s clip, so her id must survive the clip boundary.
-SEGMENTS = [
-    ("hdtf_katie_hill.mp4", 8.0, "katie"),
-    ("retalking_face1.mp4", 4.9, "man1"),
-    ("hdtf_aoc_a.mp4", 8.0, "aoc"),
-    ("retalking_face4.mp4", 5.5, "woman4"),
-    ("retalking_face2.mp4", 4.9, "man2"),
-    ("hdtf_katie_hill.mp4", 8.0, "katie"),
-]
-
-
-def _run(cmd: list[str]) -> None:
-    subprocess.run(cmd, check=True, capture_output=True)
+# The joined video (the evaluation's own, m3mem/eval/perception.py): 5 real people, and
+# katie comes back at the end, in the second 30 s clip, so her id must survive the boundary.
 
 
 def join_people(out: Path) -> list[tuple[float, float, str]]:
-    """Concatenate real talking-head clips into one 512x512 video; returns the true timeline."""
-    parts, truth, t = [], [], 0.0
-    for i, (name, dur, person) in enumerate(SEGMENTS):
-        part = out.parent / f"part{i}.mp4"
-        _run([
-            "ffmpeg", "-y", "-loglevel", "error", "-i", str(DATA / name), "-t", str(dur),
-            "-vf", "scale=512:512:force_original_aspect_ratio=decrease,pad=512:512:(ow-iw)/2:(oh-ih)/2,fps=25",
-            "-af", "aresample=16000", "-ac", "1", "-c:v", "libx264", "-preset", "veryfast", "-c:a", "aac",
-            str(part),
-        ])
-        parts.append(part)
-        truth.append((t, t + dur, person))
-        t += dur
-    listing = out.parent / "parts.txt"
-    listing.write_text("".join(f"file '{p}'\n" for p in parts))
-    _run(["ffmpeg", "-y", "-loglevel", "error", "-f", "concat", "-safe", "0", "-i", str(listing),
-          "-c:v", "libx264", "-preset", "veryfast", "-c:a", "aac", str(out)])
-    return truth
+    from m3mem.eval.perception import join_people as join
+
+    return join(DATA, out)
 
 
 @pytest.fixture(scope="module")
